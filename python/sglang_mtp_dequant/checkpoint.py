@@ -1,0 +1,224 @@
+"""The one place that knows how a ModelSlim checkpoint folder is laid out on disk.
+
+Usage::
+
+    ckpt = Checkpoint.open("/models/Qwen3.5-27B-w8a8", wanted=lambda n: n.startswith("mtp."))
+    info = ckpt.tensors["mtp.layers.0.mlp.up_proj.weight"]   # file, dtype, shape (header only)
+    scale = ckpt.read(ckpt.tensors["mtp.layers.0.mlp.up_proj.weight_scale"])
+
+Why it reads every ``*.safetensors`` header rather than trusting one index file: sglang's
+``DefaultModelLoader`` streams every ``*.safetensors`` in the folder (it filters by an index
+only when that index is named ``model.safetensors.index.json``, which ModelSlim never
+writes), and ModelSlim's own file names vary between engines (V1
+``quant_model_weights-*``, V1 single file with no index, V0 ``quant_model_weight_<type>-*``
+with its own index name). Reading headers is metadata only: the weight bytes are read once,
+by sglang, when it streams them. Index files are still checked, because an index that points
+outside the folder or at a missing shard means the checkpoint is not what it claims.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from safetensors import safe_open
+
+from .errors import CheckpointFormatError
+
+DESCRIPTION_NAME = "quant_model_description.json"
+
+# safetensors dtype tags -> torch dtypes (the tags a safetensors header can hold).
+_SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives and what its header says; no tensor bytes."""
+
+    name: str
+    file: str
+    dtype: torch.dtype | str  # a str only for a dtype tag torch has no name for
+    shape: tuple[int, ...]
+
+    @property
+    def is_integer(self) -> bool:
+        return isinstance(self.dtype, torch.dtype) and not (
+            self.dtype.is_floating_point or self.dtype == torch.bool
+        )
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).replace("torch.", "")
+
+
+@dataclass
+class Checkpoint:
+    """Header-level view of a checkpoint folder: tensor locations plus the ModelSlim description."""
+
+    folder: str
+    files: list[str]
+    tensors: dict[str, TensorInfo] = field(default_factory=dict)
+    description: dict[str, str] = field(default_factory=dict)
+    description_file: str | None = None
+    group_size: int = 0
+
+    @classmethod
+    def open(cls, folder: str, wanted: Callable[[str], bool] = lambda name: True) -> Checkpoint:
+        """Read the description, the index files and the safetensors headers of ``folder``.
+
+        Only tensors whose name satisfies ``wanted`` are recorded (the draft's, usually).
+        """
+        folder = os.path.abspath(folder)
+        if not os.path.isdir(folder):
+            raise CheckpointFormatError(
+                file=folder,
+                problem="is not a folder",
+                hint="pass the local checkpoint folder sglang loads (--model-path)",
+            )
+        files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+        ckpt = cls(folder=folder, files=files)
+        ckpt._read_description()
+        ckpt._check_index_files(wanted)
+        for path in files:
+            ckpt._read_header(path, wanted)
+        return ckpt
+
+    def type_of(self, name: str) -> str | None:
+        """The description's type for ``name`` (``FLOAT``, ``W8A8_DYNAMIC``, ...), if any."""
+        return self.description.get(name)
+
+    def read(self, info: TensorInfo) -> torch.Tensor:
+        """Read one (small, companion) tensor from its file."""
+        try:
+            with safe_open(info.file, framework="pt") as handle:
+                return handle.get_tensor(info.name)
+        except Exception as exc:  # safetensors raises its own error types
+            raise CheckpointFormatError(
+                file=info.file,
+                problem=f"cannot read tensor {info.name!r} ({exc})",
+                hint="the file is truncated or corrupt: download or export it again",
+            ) from exc
+
+    # -- the files ModelSlim writes ------------------------------------------------------
+
+    def _read_description(self) -> None:
+        candidates = sorted(glob.glob(os.path.join(self.folder, "quant_model_description*.json")))
+        if not candidates:
+            return
+        exact = os.path.join(self.folder, DESCRIPTION_NAME)
+        path = exact if exact in candidates else candidates[0]
+        raw = _load_json(path, "a ModelSlim quant_model_description")
+        if not isinstance(raw, dict):
+            raise CheckpointFormatError(
+                file=path,
+                problem=f"holds a JSON {type(raw).__name__}, not an object of tensor types",
+                hint="restore the quant_model_description.json msmodelslim wrote",
+            )
+        self.description_file = path
+        self.description = {k: v for k, v in raw.items() if isinstance(v, str)}
+        group_size = raw.get("group_size", 0)
+        if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 0:
+            raise CheckpointFormatError(
+                file=path,
+                problem=f"group_size is {group_size!r}, not a non-negative integer",
+                hint="restore the quant_model_description.json msmodelslim wrote",
+            )
+        self.group_size = group_size
+
+    def _check_index_files(self, wanted: Callable[[str], bool]) -> None:
+        real_folder = os.path.realpath(self.folder)
+        for index_path in sorted(glob.glob(os.path.join(self.folder, "*.safetensors.index.json"))):
+            raw = _load_json(index_path, "a safetensors index")
+            weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+            if not isinstance(weight_map, dict):
+                raise CheckpointFormatError(
+                    file=index_path,
+                    problem="has no 'weight_map' object",
+                    hint="restore the index file the exporter wrote, or delete it",
+                )
+            for name, shard in weight_map.items():
+                if not isinstance(shard, str) or not shard:
+                    raise CheckpointFormatError(
+                        file=index_path,
+                        problem=f"maps {name!r} to {shard!r}, not a file name",
+                        hint="restore the index file the exporter wrote, or delete it",
+                    )
+                shard_path = os.path.realpath(os.path.join(self.folder, shard))
+                if os.path.isabs(shard) or os.path.dirname(shard_path) != real_folder:
+                    raise CheckpointFormatError(
+                        file=index_path,
+                        problem=f"maps {name!r} to {shard!r}, outside the checkpoint folder",
+                        hint="an index must name shard files in its own folder; fix or delete it",
+                    )
+                if wanted(name) and not os.path.isfile(shard_path):
+                    raise CheckpointFormatError(
+                        file=index_path,
+                        problem=f"maps {name!r} to shard {shard!r}, which does not exist",
+                        hint="the download or export is incomplete: fetch the missing shard",
+                    )
+
+    def _read_header(self, path: str, wanted: Callable[[str], bool]) -> None:
+        try:
+            with safe_open(path, framework="pt") as handle:
+                for name in handle.keys():
+                    if not wanted(name):
+                        continue
+                    piece = handle.get_slice(name)
+                    tag = piece.get_dtype()
+                    info = TensorInfo(
+                        name=name,
+                        file=path,
+                        dtype=_SAFETENSORS_DTYPES.get(tag, tag),
+                        shape=tuple(int(d) for d in piece.get_shape()),
+                    )
+                    self._record(info)
+        except CheckpointFormatError:
+            raise
+        except Exception as exc:  # safetensors raises its own error types on bad headers
+            raise CheckpointFormatError(
+                file=path,
+                problem=f"is not a readable safetensors file ({exc})",
+                hint="the file is truncated or corrupt: download or export it again",
+            ) from exc
+
+    def _record(self, info: TensorInfo) -> None:
+        previous = self.tensors.get(info.name)
+        if previous is not None and (previous.dtype, previous.shape) != (info.dtype, info.shape):
+            raise CheckpointFormatError(
+                file=info.file,
+                problem=(
+                    f"holds {info.name!r} as {info.dtype_name}{list(info.shape)}, but "
+                    f"{previous.file} holds it as {previous.dtype_name}{list(previous.shape)}"
+                ),
+                hint="sglang streams every *.safetensors in the folder: remove the stray file",
+            )
+        self.tensors.setdefault(info.name, info)
+
+
+def _load_json(path: str, what: str) -> object:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointFormatError(
+            file=path,
+            problem=f"is not readable as {what} ({exc})",
+            hint="restore the file the exporter wrote, or delete it",
+        ) from exc
