@@ -34,7 +34,9 @@ def expand_to(values: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return values.repeat_interleave(shape[1] // values.shape[1], dim=1)
 
 
-def dequantize_fp32(tensors: dict[str, torch.Tensor], weight_name: str, scheme: str) -> torch.Tensor:
+def dequantize_fp32(
+    tensors: dict[str, torch.Tensor], weight_name: str, scheme: str
+) -> torch.Tensor:
     """fp32 ``(q - offset) * scale`` (static W8A8: ``scale = deq_scale / input_scale``)."""
     base = weight_name[: -len(".weight")]
     q = tensors[weight_name]
@@ -67,11 +69,16 @@ DENSE_PROJECTIONS = {
 }
 
 
-def quantization_step(tensors: dict[str, torch.Tensor], weight_name: str, scheme: str) -> torch.Tensor:
+def quantization_step(
+    tensors: dict[str, torch.Tensor], weight_name: str, scheme: str
+) -> torch.Tensor:
     base = weight_name[: -len(".weight")]
     q = tensors[weight_name]
     if scheme == "W8A8":
-        return dequantize_fp32(tensors, weight_name, scheme).new_ones(q.shape) * (
-            tensors[base + ".deq_scale"].float() / tensors[base + ".input_scale"].float()
-        )[:, None]
+        return (
+            dequantize_fp32(tensors, weight_name, scheme).new_ones(q.shape)
+            * (tensors[base + ".deq_scale"].float() / tensors[base + ".input_scale"].float())[
+                :, None
+            ]
+        )
     return expand_to(tensors[base + ".weight_scale"], q.shape)

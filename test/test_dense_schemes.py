@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
+
 from conftest import DENSE_W8, fixture_dir, reference_file
 from reference import DENSE_PROJECTIONS, dequantize_fp32, description, load_all, quantization_step
-from safetensors.torch import load_file
 
 
 def expected_param(folder: str, param: str, dtype=torch.bfloat16) -> torch.Tensor:

@@ -110,8 +110,10 @@ class DequantPlan:
         described = ckpt.type_of(info.name)
         companions = self._companions_of(info.name)
         if not info.is_integer:
-            why = "float tensor" if described in (None, "FLOAT") else (
-                f"described as {described} but stored as {info.dtype_name}: already float"
+            why = (
+                "float tensor"
+                if described in (None, "FLOAT")
+                else (f"described as {described} but stored as {info.dtype_name}: already float")
             )
             return PlannedTensor(info, described, "keep", why, companions=companions)
         type_name = described if described not in (None, "FLOAT") else infer_type(set(companions))
@@ -145,8 +147,9 @@ class DequantPlan:
                         "modelslim, or report the scheme to sglang-mtp-dequant"
                     ),
                 )
-            values = {suffix: ckpt.read(c) for suffix, c in companions.items()
-                      if suffix in scheme.reads}
+            values = {
+                suffix: ckpt.read(c) for suffix, c in companions.items() if suffix in scheme.reads
+            }
             entry.decoder = scheme.prepare(info, values, ckpt.group_size)
         except (DraftWeightError, CheckpointFormatError) as exc:
             if isinstance(exc, CheckpointFormatError):

@@ -1,0 +1,39 @@
+# Two set-up commands (README): `make demo` and `make test`. Both create .venv if missing:
+# CPU torch, sglang 0.5.23 without its CUDA dependency set, the pinned minimal dependencies,
+# and this package (editable).
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEMO_CKPT := test/fixtures/modelslim/q35_dense_w8a8_dynamic
+DEMO_REF := test/fixtures/reference/q35_dense_w8a8_dynamic.safetensors
+
+.PHONY: venv demo test accept bench lint
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml requirements/cpu.txt requirements/constraints.txt requirements/torch-cpu.txt
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q -r requirements/torch-cpu.txt
+	$(VPY) -m pip install -q --no-deps sglang==0.5.23
+	$(VPY) -m pip install -q -c requirements/constraints.txt -r requirements/cpu.txt
+	$(VPY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/sglang-mtp-dequant doctor $(DEMO_CKPT)
+	$(VENV)/bin/sglang-mtp-dequant verify $(DEMO_CKPT) --reference $(DEMO_REF)
+
+test: $(STAMP)
+	$(VPY) -m pytest -q
+
+accept: $(STAMP)
+	$(VPY) benchmarks/accept_length.py
+
+bench: $(STAMP)
+	$(VPY) benchmarks/bench_dequant.py
+
+lint: $(STAMP)
+	$(VPY) -m pip install -q ruff
+	$(VENV)/bin/ruff check python test benchmarks
+	$(VENV)/bin/ruff format --check python test benchmarks

@@ -1,0 +1,109 @@
+"""The int8 ModelSlim schemes: W8A8_DYNAMIC, W8A16, static W8A8 and W8A8_MIX."""
+
+from __future__ import annotations
+
+import torch
+
+from ..checkpoint import TensorInfo
+from ..errors import DraftWeightError
+from .base import (
+    REEXPORT,
+    AffineDecoder,
+    Scheme,
+    nonzero_or_none,
+    per_row_groups,
+    positive,
+    require,
+)
+
+
+class AffineInt8(Scheme):
+    """W8A8_DYNAMIC and W8A16: int8 codes, ``weight_scale`` and ``weight_offset``.
+
+    Per channel (out, 1) or per group (out, in/G); W8A16 offsets can be nonzero (asymmetric).
+    """
+
+    types = ("W8A8_DYNAMIC", "W8A16")
+    reads = ("weight_scale", "weight_offset")
+
+    def prepare(self, weight, companions, group_size):
+        self._check_storage(weight, (torch.int8,))
+        shape = self.logical_shape(weight)
+        raw_scale = require(weight, companions, "weight_scale", self.types[0])
+        scale = positive(
+            weight,
+            per_row_groups(weight, shape, raw_scale, "weight_scale", group_size),
+            "weight_scale",
+        )
+        offset = None
+        if "weight_offset" in companions:
+            offset = per_row_groups(
+                weight, shape, companions["weight_offset"], "weight_offset", group_size
+            )
+            if offset.shape != scale.shape:
+                raise DraftWeightError(
+                    tensor=weight.name,
+                    file=weight.file,
+                    problem=(
+                        f"weight_offset has shape {list(companions['weight_offset'].shape)} "
+                        f"but weight_scale has {list(raw_scale.shape)}"
+                    ),
+                    hint=REEXPORT,
+                )
+            offset = nonzero_or_none(offset)
+        return AffineDecoder(weight.name, weight.file, shape, scale, offset)
+
+
+class StaticInt8(Scheme):
+    """W8A8 (static activations) and W8A8_MIX.
+
+    V1 writes no ``weight_scale``: the weight scale is ``deq_scale / input_scale``, where
+    ``deq_scale`` is f32, or the f32 bit pattern widened to int64 (reinterpreted, not cast).
+    V0 also writes ``weight_scale``/``weight_offset``, which are then used as they are.
+    ``quant_bias`` and ``input_offset`` belong to the int8 GEMM and are dropped.
+    """
+
+    types = ("W8A8", "W8A8_MIX")
+    reads = ("weight_scale", "weight_offset", "deq_scale", "input_scale")
+
+    def prepare(self, weight, companions, group_size):
+        if "weight_scale" in companions:
+            return AffineInt8().prepare(weight, companions, group_size)
+        self._check_storage(weight, (torch.int8,))
+        shape = self.logical_shape(weight)
+        deq_scale = float32_bits(weight, require(weight, companions, "deq_scale", "W8A8"))
+        input_scale = require(weight, companions, "input_scale", "W8A8").to(torch.float32)
+        if input_scale.numel() != 1:
+            raise DraftWeightError(
+                tensor=weight.name,
+                file=weight.file,
+                problem=f"input_scale has shape {list(input_scale.shape)}, expected one value",
+                hint=REEXPORT,
+            )
+        input_scale = positive(
+            weight, per_row_groups(weight, (1, 1), input_scale, "input_scale", 0), "input_scale"
+        )
+        deq = per_row_groups(weight, shape, deq_scale, "deq_scale", group_size)
+        scale = positive(weight, deq / input_scale.reshape(()), "deq_scale / input_scale")
+        return AffineDecoder(weight.name, weight.file, shape, scale, None)
+
+
+def float32_bits(weight: TensorInfo, deq_scale: torch.Tensor) -> torch.Tensor:
+    """``deq_scale`` as f32: int64 storage holds the f32 bit pattern in its low 32 bits."""
+    if deq_scale.dtype.is_floating_point:
+        return deq_scale.to(torch.float32)
+    if deq_scale.dtype == torch.int64:
+        if bool(((deq_scale < 0) | (deq_scale > 0xFFFFFFFF)).any()):
+            raise DraftWeightError(
+                tensor=weight.name,
+                file=weight.file,
+                problem="int64 deq_scale holds values wider than 32 bits: not an f32 bit pattern",
+                hint=REEXPORT,
+            )
+        return (deq_scale & 0xFFFFFFFF).to(torch.int32).view(torch.float32)
+    raise DraftWeightError(
+        tensor=weight.name,
+        file=weight.file,
+        problem=f"deq_scale is {deq_scale.dtype}, expected float32 or int64",
+        hint=REEXPORT,
+    )

@@ -1,0 +1,138 @@
+"""Bad input never becomes a silently wrong draft: the load stops with an error that names
+the tensor, the file, the shapes and what to do. Each case edits a copy of the real fixture."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from sglang_mtp_dequant.errors import CheckpointFormatError, DraftWeightError
+
+NAME = "q35_dense_w8a8_dynamic"
+SHARD = "quant_model_weights-00001-of-00001.safetensors"
+WEIGHT = "mtp.layers.0.self_attn.q_proj.weight"
+
+
+def edit_shard(folder: str, edit) -> str:
+    path = os.path.join(folder, SHARD)
+    tensors = load_file(path)
+    edit(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+    return path
+
+
+def expect_refusal(load_draft, folder, error_type=DraftWeightError, *fragments):
+    with pytest.raises(error_type) as caught:
+        load_draft(folder)
+    message = str(caught.value)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in: {message}"
+    assert "What to do:" in message
+    return caught.value
+
+
+def test_int8_weight_without_scale(load_draft, copy_checkpoint):
+    folder = copy_checkpoint(NAME)
+    path = edit_shard(folder, lambda t: t.pop(WEIGHT[: -len("weight")] + "weight_scale"))
+    error = expect_refusal(load_draft, folder, DraftWeightError, WEIGHT, path, "no ")
+    assert error.tensor == WEIGHT and error.file == path
+
+
+@pytest.mark.parametrize("bad_shape", [(256, 3), (128, 1), (256, 64), (4,)])
+def test_scale_shape_fits_neither_layout(load_draft, copy_checkpoint, bad_shape):
+    folder = copy_checkpoint(NAME)
+    scale_name = WEIGHT[: -len("weight")] + "weight_scale"
+
+    def edit(tensors):
+        tensors[scale_name] = torch.full(bad_shape, 0.01)
+
+    path = edit_shard(folder, edit)
+    expect_refusal(
+        load_draft, folder, DraftWeightError, WEIGHT, path, str(list(bad_shape)), "[256, 64]"
+    )
+
+
+@pytest.mark.parametrize("bad_value", [float("nan"), float("inf"), 0.0, -0.01])
+def test_scale_not_finite_positive(load_draft, copy_checkpoint, bad_value):
+    folder = copy_checkpoint(NAME)
+    scale_name = WEIGHT[: -len("weight")] + "weight_scale"
+
+    def edit(tensors):
+        tensors[scale_name] = tensors[scale_name].clone()
+        tensors[scale_name][7, 0] = bad_value
+
+    path = edit_shard(folder, edit)
+    expect_refusal(load_draft, folder, DraftWeightError, WEIGHT, path, "weight_scale")
+
+
+def test_index_entry_outside_the_folder(load_draft, copy_checkpoint):
+    folder = copy_checkpoint(NAME)
+    index_path = os.path.join(folder, "quant_model_weights.safetensors.index.json")
+    with open(index_path) as handle:
+        index = json.load(handle)
+    index["weight_map"][WEIGHT] = "../elsewhere/" + SHARD
+    with open(index_path, "w") as handle:
+        json.dump(index, handle)
+    expect_refusal(load_draft, folder, CheckpointFormatError, index_path, WEIGHT, "outside")
+
+
+def test_index_entry_naming_a_missing_shard(load_draft, copy_checkpoint):
+    folder = copy_checkpoint(NAME)
+    index_path = os.path.join(folder, "quant_model_weights.safetensors.index.json")
+    with open(index_path) as handle:
+        index = json.load(handle)
+    index["weight_map"][WEIGHT] = "quant_model_weights-00002-of-00002.safetensors"
+    with open(index_path, "w") as handle:
+        json.dump(index, handle)
+    expect_refusal(
+        load_draft, folder, CheckpointFormatError, index_path, WEIGHT, "00002-of-00002", "not exist"
+    )
+
+
+def test_scheme_the_plugin_does_not_decode(load_draft, copy_checkpoint):
+    folder = copy_checkpoint(NAME)
+    desc_path = os.path.join(folder, "quant_model_description.json")
+    with open(desc_path) as handle:
+        desc = json.load(handle)
+    desc[WEIGHT] = "W2A2_FUTURE"
+    with open(desc_path, "w") as handle:
+        json.dump(desc, handle)
+    expect_refusal(load_draft, folder, DraftWeightError, WEIGHT, "W2A2_FUTURE", "W8A8_DYNAMIC")
+
+
+def test_refused_before_any_parameter_is_written(load_draft, copy_checkpoint, sglang_cpu):
+    """The plan is checked before streaming: a refused load writes nothing into the draft."""
+    from sglang_mtp_dequant.cpu_sglang import CpuDraftBuilder, publish_context
+
+    folder = copy_checkpoint(NAME)
+    edit_shard(folder, lambda t: t.pop("mtp.layers.0.mlp.down_proj.weight_scale"))
+    publish_context(folder)
+    builder = CpuDraftBuilder(folder)
+    model = builder.build_draft()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(DraftWeightError):
+        model.load_weights(builder.weights())
+    for name, param in model.named_parameters():
+        # bitwise: torch.empty() leaves NaN patterns, and NaN != NaN
+        assert torch.equal(before[name].view(torch.int16), param.detach().view(torch.int16)), name
+
+
+def test_integer_draft_weight_with_no_plan_is_refused_in_the_stream():
+    """No checkpoint folder found (e.g. a hub id not in the cache): integer codes still stop."""
+    from sglang_mtp_dequant.stream import DequantizingStream
+
+    stream = DequantizingStream(None, torch.bfloat16, lambda n: n.startswith("mtp."))
+    weights = [
+        ("model.language_model.layers.0.mlp.up_proj.weight", torch.ones(2, 2, dtype=torch.int8)),
+        ("mtp.fc.weight", torch.ones(2, 2, dtype=torch.bfloat16)),
+        (WEIGHT, torch.ones(2, 2, dtype=torch.int8)),
+    ]
+    out = stream.apply(weights)
+    assert next(out)[0].startswith("model.language_model")  # target weights are not ours
+    assert next(out)[0] == "mtp.fc.weight"
+    with pytest.raises(DraftWeightError, match="q_proj.weight"):
+        next(out)
