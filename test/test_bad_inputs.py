@@ -69,25 +69,26 @@ def test_scale_not_finite_positive(load_draft, copy_checkpoint, bad_value):
     expect_refusal(load_draft, folder, DraftWeightError, WEIGHT, path, "weight_scale")
 
 
-def test_index_entry_outside_the_folder(load_draft, copy_checkpoint):
-    folder = copy_checkpoint(NAME)
+def point_index_entry(folder: str, name: str, shard: str) -> str:
+    """Make the index map ``name`` to ``shard``; returns the index path."""
     index_path = os.path.join(folder, "quant_model_weights.safetensors.index.json")
     with open(index_path) as handle:
         index = json.load(handle)
-    index["weight_map"][WEIGHT] = "../elsewhere/" + SHARD
+    index["weight_map"][name] = shard
     with open(index_path, "w") as handle:
         json.dump(index, handle)
+    return index_path
+
+
+def test_index_entry_outside_the_folder(load_draft, copy_checkpoint):
+    folder = copy_checkpoint(NAME)
+    index_path = point_index_entry(folder, WEIGHT, "../elsewhere/" + SHARD)
     expect_refusal(load_draft, folder, CheckpointFormatError, index_path, WEIGHT, "outside")
 
 
 def test_index_entry_naming_a_missing_shard(load_draft, copy_checkpoint):
     folder = copy_checkpoint(NAME)
-    index_path = os.path.join(folder, "quant_model_weights.safetensors.index.json")
-    with open(index_path) as handle:
-        index = json.load(handle)
-    index["weight_map"][WEIGHT] = "quant_model_weights-00002-of-00002.safetensors"
-    with open(index_path, "w") as handle:
-        json.dump(index, handle)
+    index_path = point_index_entry(folder, WEIGHT, "quant_model_weights-00002-of-00002.safetensors")
     expect_refusal(
         load_draft, folder, CheckpointFormatError, index_path, WEIGHT, "00002-of-00002", "not exist"
     )

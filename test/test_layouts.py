@@ -111,3 +111,47 @@ def test_found_as_target_path(load_draft, copy_checkpoint):
     """No draft path: sglang loads the draft from the target checkpoint (the usual MTP case)."""
     folder = copy_checkpoint(NAME)
     assert_dequantized(load_draft(folder, target_path=folder, draft_path=None), folder)
+
+
+def test_plan_reads_headers_and_companions_only(monkeypatch):
+    """No weight bytes are read twice: planning reads companion tensors, never a weight."""
+    from sglang_mtp_dequant.checkpoint import Checkpoint
+    from sglang_mtp_dequant.plan import DequantPlan
+
+    read_names: list[str] = []
+    real_read = Checkpoint.read
+
+    def recording_read(self, info):
+        read_names.append(info.name)
+        return real_read(self, info)
+
+    monkeypatch.setattr(Checkpoint, "read", recording_read)
+    from conftest import fixture_dir
+
+    for name in ("q35_dense_w8a8_dynamic", "q35_dense_w8a8_static"):
+        plan = DequantPlan.build(Checkpoint.open(fixture_dir(name), wanted=lambda n: "mtp" in n))
+        assert len(plan.to_dequantize) == 7
+    assert read_names and not [n for n in read_names if n.endswith(".weight")]
+    assert all(
+        n.endswith(("weight_scale", "weight_offset", "deq_scale", "input_scale"))
+        for n in read_names
+    )
+
+
+def test_hub_id_resolves_to_its_local_snapshot(tmp_path, monkeypatch):
+    """sglang downloads a hub model before loading it; the plugin finds that snapshot offline."""
+    import shutil
+
+    import huggingface_hub.constants
+    from conftest import fixture_dir
+
+    from sglang_mtp_dequant.plugin import _hub_snapshot
+
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "models--acme--tiny-q35-w8a8"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    shutil.copytree(fixture_dir(NAME), repo / "snapshots" / revision)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    assert _hub_snapshot("acme/tiny-q35-w8a8") == str(repo / "snapshots" / revision)
+    assert _hub_snapshot("acme/not-downloaded") is None  # local_files_only: no network
