@@ -28,10 +28,11 @@ test: $(STAMP)
 	$(VPY) -m pytest -q
 
 accept: $(STAMP)
-	$(VPY) benchmarks/accept_length.py
+	$(VPY) -m pip install -q -c requirements/constraints.txt -r requirements/accept.txt
+	$(VPY) benchmarks/accept_length.py --plot docs/accept_length.png --json .cache/accept/results.json
 
 bench: $(STAMP)
-	$(VPY) benchmarks/bench_dequant.py
+	$(VPY) benchmarks/bench_dequant.py --json .cache/bench/results.json
 
 lint: $(STAMP)
 	$(VPY) -m pip install -q ruff

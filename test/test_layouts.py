@@ -143,8 +143,8 @@ def test_hub_id_resolves_to_its_local_snapshot(tmp_path, monkeypatch):
     import shutil
 
     import huggingface_hub.constants
-    from conftest import fixture_dir
 
+    from conftest import fixture_dir
     from sglang_mtp_dequant.plugin import _hub_snapshot
 
     revision = "0123456789abcdef0123456789abcdef01234567"

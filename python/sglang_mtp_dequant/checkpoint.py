@@ -45,6 +45,11 @@ _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
     "F8_E4M3": torch.float8_e4m3fn,
     "F8_E5M2": torch.float8_e5m2,
+    # unsigned tags safetensors also writes: without them an unsigned integer weight
+    # would look like "a dtype torch has no name for" and be planned as float
+    "U16": torch.uint16,
+    "U32": torch.uint32,
+    "U64": torch.uint64,
 }
 
 
@@ -78,6 +83,8 @@ class Checkpoint:
     description: dict[str, str] = field(default_factory=dict)
     description_file: str | None = None
     group_size: int = 0
+    #: the description's ``version`` ("1.0.0" from the V1 saver); int4 packing depends on it
+    format_version: str | None = None
 
     @classmethod
     def open(cls, folder: str, wanted: Callable[[str], bool] = lambda name: True) -> Checkpoint:
@@ -133,6 +140,7 @@ class Checkpoint:
             )
         self.description_file = path
         self.description = {k: v for k, v in raw.items() if isinstance(v, str)}
+        self.format_version = self.description.get("version")
         group_size = raw.get("group_size", 0)
         if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 0:
             raise CheckpointFormatError(
@@ -154,7 +162,7 @@ class Checkpoint:
                     hint="restore the index file the exporter wrote, or delete it",
                 )
             for name, shard in weight_map.items():
-                if not isinstance(shard, str) or not shard:
+                if not isinstance(shard, str) or not shard or "\x00" in shard:
                     raise CheckpointFormatError(
                         file=index_path,
                         problem=f"maps {name!r} to {shard!r}, not a file name",

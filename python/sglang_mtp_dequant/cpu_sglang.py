@@ -178,3 +178,29 @@ def prepare_cpu_process(model_path: str, draft_path: str | None = None) -> None:
     ensure_torchvision_importable()
     publish_context(model_path, draft_path)
     init_world_size_one()
+
+
+def build_draft_class(
+    class_path: str, config, dtype: torch.dtype = torch.bfloat16, quant_config=None
+) -> torch.nn.Module:
+    """Build any sglang draft class, named by dotted path, on CPU for ``config``.
+
+    Example::
+
+        prepare_cpu_process(model_path)
+        draft = build_draft_class(
+            "sglang.srt.models.deepseek_nextn.DeepseekV3ForCausalLMNextN", DeepseekV3Config(...)
+        )
+
+    The same set-up as ``CpuDraftBuilder.build_draft`` (default dtype, the rotary-kernel
+    placeholder), for the draft classes other than Qwen3.5's: Qwen3-Next, Qwen3-MoE, GLM-4.5
+    (and -Lite) and DeepSeek-V3 NextN, Qwen4-Exp. Their constructors need only ``config``
+    and the parallel state ``prepare_cpu_process`` publishes.
+    """
+    import pkgutil
+
+    from sglang.srt.model_loader.utils import set_default_torch_dtype
+
+    cls = pkgutil.resolve_name(class_path)
+    with set_default_torch_dtype(dtype), _placeholder_vllm_rotary():
+        return cls(config, quant_config=quant_config)

@@ -7,9 +7,15 @@ Usage::
         is_draft = spec.draft_names(model)       # name -> bool, for this built model
 
 Every draft that sglang can build unquantized from a quantized checkpoint gets one entry.
-The name rule is per architecture because checkpoints differ: Qwen3.5/3.6 keep the MTP
-head under ``mtp.``; DeepSeek/GLM NextN checkpoints store it as the layer after the last
-decoder layer, ``model.layers.<num_hidden_layers>.``.
+The name rule is per architecture because checkpoints differ: Qwen3.5/3.6, Qwen3-Next and
+Qwen3-MoE keep the MTP head under ``mtp.``; DeepSeek/GLM NextN checkpoints store it as the
+layer after the last decoder layer, ``model.layers.<num_hidden_layers>.``.
+
+One entry per ``load_weights`` that actually runs, never one per class: sglang's
+``HookRegistry`` wraps whatever ``getattr(cls, "load_weights")`` returns and sets it on the
+named class, so hooking a subclass that only inherits the method (Qwen4-Exp's MTP inherits
+Qwen3.5's) would wrap the already-wrapped parent and run the hook twice. Such subclasses are
+listed in ``inherited_by`` instead: they reach the parent's hook through the MRO.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ class DraftSpec:
     architectures: tuple[str, ...]
     #: builds the name predicate for a built draft model (or its config)
     name_rule: Callable[[object], Callable[[str], bool]]
+    #: dotted paths of draft classes that inherit this ``load_weights`` (hooked through it)
+    inherited_by: tuple[str, ...] = ()
 
     @property
     def class_name(self) -> str:
@@ -40,20 +48,88 @@ class DraftSpec:
 
 
 def mtp_prefix(_model: object) -> Callable[[str], bool]:
-    """Qwen3.5/3.6/Qwen3-Next style: the draft is every ``mtp.*`` tensor."""
-    return lambda name: name.startswith("mtp.")
+    """Qwen3.5/3.6/Qwen3-Next/Qwen3-MoE style: the draft is every ``mtp.*`` tensor.
 
+    The rule is the draft's own: its ``load_weights`` processes every name containing
+    ``mtp`` (``mtp.*`` on every released checkpoint), so the plugin watches the same names.
+    """
+    return lambda name: "mtp" in name
+
+
+def nextn_layer(model_or_config: object) -> Callable[[str], bool]:
+    """DeepSeek-V3 / GLM-4.5+ NextN: the draft is the layer after the last decoder layer.
+
+    sglang's loaders (``deepseek_weight_loader.py``, ``glm4_moe.py``, ``glm4_moe_lite.py``)
+    take ``model.layers.<id>`` with ``id = 0 if num_hidden_layers == 1 else
+    num_hidden_layers``, where ``num_hidden_layers`` is the target's (only the draft's
+    architecture name is rewritten). ModelSlim keeps those names unchanged. sglang matches the
+    prefix without a trailing dot; with at most ``num_hidden_layers + 1`` layers no other
+    layer name can share it, so the dotted prefix here selects the same tensors.
+
+    Works on a built draft (``model.config``) and on a ``config.json`` dict (the doctor); a
+    config without ``num_hidden_layers`` selects nothing.
+    """
+    layers = _config_value(model_or_config, "num_hidden_layers")
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+        return lambda name: False
+    prefix = f"model.layers.{0 if layers == 1 else layers}."
+    return lambda name: name.startswith(prefix)
+
+
+def _config_value(model_or_config: object, key: str) -> object:
+    if isinstance(model_or_config, dict):
+        if key in model_or_config:
+            return model_or_config[key]
+        text = model_or_config.get("text_config")
+        return text.get(key) if isinstance(text, dict) else None
+    config = getattr(model_or_config, "config", model_or_config)
+    return getattr(config, key, None)
+
+
+_MODELS = "sglang.srt.models"
 
 DRAFT_SPECS: tuple[DraftSpec, ...] = (
     DraftSpec(
-        target="sglang.srt.models.qwen3_5_mtp.Qwen3_5ForCausalLMMTP.load_weights",
+        target=f"{_MODELS}.qwen3_5_mtp.Qwen3_5ForCausalLMMTP.load_weights",
         architectures=(
             "Qwen3_5ForConditionalGeneration",
             "Qwen3_5MoeForConditionalGeneration",
             "Qwen3_5ForCausalLM",
             "Qwen3_5MoeForCausalLM",
+            "Qwen4ExpForConditionalGeneration",
         ),
         name_rule=mtp_prefix,
+        # defines no load_weights of its own: Qwen3.5's (hooked) runs for it
+        inherited_by=(f"{_MODELS}.qwen4_exp_mtp.Qwen4ExpForCausalLMMTP",),
+    ),
+    DraftSpec(
+        # its own load_weights calls Qwen3NextForCausalLM.load_weights(is_mtp=True); the
+        # target runs that parent method too, so only the MTP subclass is hooked
+        target=f"{_MODELS}.qwen3_next_mtp.Qwen3NextForCausalLMMTP.load_weights",
+        architectures=("Qwen3NextForCausalLM",),
+        name_rule=mtp_prefix,
+    ),
+    DraftSpec(
+        target=f"{_MODELS}.qwen3_moe_mtp.Qwen3MoeForCausalLMMTP.load_weights",
+        architectures=("Qwen3MoeForCausalLM",),
+        name_rule=mtp_prefix,
+    ),
+    DraftSpec(
+        target=f"{_MODELS}.glm4_moe_nextn.Glm4MoeForCausalLMNextN.load_weights",
+        architectures=("Glm4MoeForCausalLM",),
+        name_rule=nextn_layer,
+    ),
+    DraftSpec(
+        target=f"{_MODELS}.glm4_moe_lite_nextn.Glm4MoeLiteForCausalLMNextN.load_weights",
+        architectures=("Glm4MoeLiteForCausalLM",),
+        name_rule=nextn_layer,
+    ),
+    DraftSpec(
+        # GLM-5's GlmMoeDsaForCausalLMNextN overrides load_weights but ends in
+        # super().load_weights(weights), i.e. this hook, with the same layer naming
+        target=f"{_MODELS}.deepseek_nextn.DeepseekV3ForCausalLMNextN.load_weights",
+        architectures=("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"),
+        name_rule=nextn_layer,
     ),
 )
 

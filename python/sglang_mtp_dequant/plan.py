@@ -68,7 +68,9 @@ class DequantPlan:
         """Decide for every tensor ``checkpoint`` recorded (it records the draft's only)."""
         plan = cls(checkpoint)
         companion_names = {
-            name for name in checkpoint.tensors if _split_companion(name) is not None
+            name
+            for name in checkpoint.tensors
+            if _split_companion(name) is not None or _fused_companion_base(name, checkpoint)
         }
         for name, info in sorted(checkpoint.tensors.items()):
             if name in companion_names:
@@ -150,7 +152,9 @@ class DequantPlan:
             values = {
                 suffix: ckpt.read(c) for suffix, c in companions.items() if suffix in scheme.reads
             }
-            entry.decoder = scheme.prepare(info, values, ckpt.group_size)
+            entry.decoder = scheme.prepare(
+                info, values, ckpt.group_size, format_version=ckpt.format_version
+            )
         except (DraftWeightError, CheckpointFormatError) as exc:
             if isinstance(exc, CheckpointFormatError):
                 exc = DraftWeightError(
@@ -164,17 +168,38 @@ class DequantPlan:
         return entry
 
     def _companions_of(self, weight_name: str) -> dict[str, TensorInfo]:
-        if not weight_name.endswith(".weight"):
+        if weight_name.endswith(".weight"):
+            patterns = (f"{weight_name[: -len('.weight')]}.{{}}",)
+        elif _is_fused_expert_name(weight_name):
+            patterns = (f"{weight_name}.{{}}", f"{weight_name}_{{}}")
+        else:
             return {}
-        base = weight_name[: -len(".weight")]
         found = {}
         for suffix in COMPANION_SUFFIXES:
-            info = self.checkpoint.tensors.get(f"{base}.{suffix}")
-            if info is not None:
-                found[suffix] = info
+            for pattern in patterns:
+                info = self.checkpoint.tensors.get(pattern.format(suffix))
+                if info is not None:
+                    found[suffix] = info
         return found
 
 
 def _split_companion(name: str) -> tuple[str, str] | None:
     base, _, suffix = name.rpartition(".")
     return (base, suffix) if base and suffix in COMPANION_SUFFIXES else None
+
+
+def _is_fused_expert_name(name: str) -> bool:
+    """A weight stored without ``.weight``: Qwen3.5/3.6 fused experts ``experts.gate_up_proj``
+    [E, 2I, H] and ``experts.down_proj`` [E, H, I] (any ``*_proj`` last component)."""
+    return name.rpartition(".")[2].endswith("_proj")
+
+
+def _fused_companion_base(name: str, checkpoint: Checkpoint) -> bool:
+    """``<fused weight>_<suffix>`` (``experts.gate_up_proj_weight_scale``): a companion only
+    when that fused weight is in the checkpoint, so no other name is ever swallowed."""
+    for suffix in COMPANION_SUFFIXES:
+        base = name[: -len(suffix) - 1]
+        if name.endswith(f"_{suffix}") and _is_fused_expert_name(base):
+            if base in checkpoint.tensors:
+                return True
+    return False

@@ -12,7 +12,10 @@ Usage (what ``pip install`` arranges; nothing to call by hand)::
 When the draft was built unquantized (``quant_config is None``) the hook reads the checkpoint
 folder's headers, plans what to dequantize, and hands sglang's own ``load_weights`` the
 transformed stream (``stream.py``). With a quant config, or with nothing quantized in the
-draft, sglang's loading is what it would be without the plugin.
+draft, sglang's loading is what it would be without the plugin. After sglang's own loading,
+the guard (``guard.py``) refuses a draft whose float parameters still hold integer codes,
+whatever the format. ``register`` also arms the Ray launch check (``ray_setup.py``), since
+sglang's Ray actors never load plugins themselves.
 
 sglang's plugin loader only logs exceptions, so a hook target that does not exist (another
 sglang version) is reported here with a WARNING naming it and the sglang version.
@@ -29,7 +32,9 @@ from typing import Any
 
 from .checkpoint import Checkpoint
 from .drafts import DRAFT_SPECS, DraftSpec, draft_dtype
+from .guard import check_loaded_draft
 from .plan import DequantPlan
+from .ray_setup import register_launch_guard
 from .stream import DequantizingStream
 
 logger = logging.getLogger("sglang_mtp_dequant")
@@ -38,11 +43,11 @@ logger = logging.getLogger("sglang_mtp_dequant")
 _registered: set[str] = set()
 
 
-def register() -> None:
+def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
     """Entry point for sglang's general-plugin group: hook every draft class we know."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    for spec in DRAFT_SPECS:
+    for spec in specs:
         if spec.target in _registered:
             continue
         try:
@@ -60,6 +65,9 @@ def register() -> None:
             continue
         HookRegistry.register(spec.target, make_load_weights_hook(spec), HookType.AROUND)
         _registered.add(spec.target)
+    # sglang's Ray SchedulerActor never calls load_plugins(): activate it there, or refuse the
+    # launch (ray_setup.py); registers nothing where Ray is not installed
+    register_launch_guard()
 
 
 def registered_targets() -> frozenset[str]:
@@ -90,6 +98,8 @@ def make_load_weights_hook(spec: DraftSpec) -> Callable[..., Any]:
         )
         started = time.perf_counter()
         result = original(model, stream.apply(weights), *args, **kwargs)
+        # values, not names: refuse a draft whose float parameters still hold codes (guard.py)
+        check_loaded_draft(model, result, stream, spec.class_name, folder)
         stats = stream.stats
         if stats.dequantized:
             schemes = ", ".join(f"{k} x{v}" for k, v in sorted(stats.schemes.items()))

@@ -61,11 +61,14 @@ class DequantizingStream:
         self.is_draft = is_draft
         self.missing_plan_hint = missing_plan_hint
         self.stats = StreamStats()
+        #: draft checkpoint name -> dtype it streamed as (read by guard.py after the load)
+        self.streamed: dict[str, torch.dtype] = {}
 
     def apply(self, weights: Weights) -> Iterator[tuple[str, torch.Tensor]]:
         entries = self.plan.to_dequantize if self.plan is not None else {}
         consumed = self.plan.consumed if self.plan is not None else set()
         for name, tensor in weights:
+            self._note_streamed(name, tensor)
             entry = entries.get(name)
             if entry is not None:
                 if tensor.is_floating_point():
@@ -80,6 +83,7 @@ class DequantizingStream:
                 self.stats.schemes[entry.scheme or "?"] += 1
                 self.stats.quantized_bytes += tensor.numel() * tensor.element_size()
                 yield name, decoded
+                del decoded  # the loader has copied it: do not keep it alive until the next one
             elif name in consumed:
                 self.stats.companions_consumed += 1
             else:
@@ -95,6 +99,12 @@ class DequantizingStream:
                         or "serve the draft quantized, or load it from a local checkpoint folder",
                     )
                 yield name, tensor
+
+    def _note_streamed(self, name: str, tensor: torch.Tensor) -> None:
+        """Remember each draft name and its on-disk dtype: the misload guard (``guard.py``)
+        names the checkpoint tensors behind a suspect parameter from this record."""
+        if self.is_draft(name):
+            self.streamed[name] = tensor.dtype
 
     def _check_matches_header(self, name: str, tensor: torch.Tensor) -> None:
         info = self.plan.entries[name].info

@@ -14,19 +14,25 @@ then runs once per weight as it streams by.
 
 The arithmetic is ModelSlim's: ``w = (q - offset) * scale`` in fp32, rounded once to the
 draft's dtype (``q = clamp(round(w / scale + offset))`` is how msmodelslim quantized it).
+int4 schemes (``int4.py``) first unpack two codes a byte through the decoder's ``unpack`` hook.
 """
 
 from .base import AffineDecoder, Scheme, infer_type, known_types, register_scheme, scheme_for
+from .int4 import W4A8Dynamic, W4A16Int4
 from .int8 import AffineInt8, StaticInt8
 
 register_scheme(AffineInt8())
 register_scheme(StaticInt8())
+register_scheme(W4A8Dynamic())
+register_scheme(W4A16Int4())
 
 __all__ = [
     "AffineDecoder",
     "AffineInt8",
     "Scheme",
     "StaticInt8",
+    "W4A8Dynamic",
+    "W4A16Int4",
     "infer_type",
     "known_types",
     "register_scheme",

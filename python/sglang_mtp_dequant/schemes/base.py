@@ -11,9 +11,11 @@ import torch
 from ..checkpoint import TensorInfo
 from ..errors import DraftWeightError
 
-# Rows are decoded in blocks of about this many elements, so the fp32 temporary stays small
-# (4 MiB) whatever the tensor size, and stays in cache.
-_BLOCK_ELEMENTS = 1 << 20
+# Rows are decoded in blocks of about this many elements: the fp32 buffer (1 MiB) stays in
+# cache whatever the tensor size. Chosen by measurement (benchmarks/bench_dequant.py
+# --variants, docs/results.md): smaller blocks pay per-operation overhead, larger ones miss
+# the cache.
+_BLOCK_ELEMENTS = 1 << 18
 
 REEXPORT = "re-export the checkpoint with msmodelslim, or serve the draft quantized"
 
@@ -51,13 +53,22 @@ class AffineDecoder:
         groups = self.scale.shape[1]
         group_width = in_features // groups
         block = max(1, _BLOCK_ELEMENTS // max(1, in_features))
+        # one fp32 buffer for every block: no allocation (and no page faults) inside the loop;
+        # an fp32 draft is decoded straight into its output rows
+        direct = dtype == torch.float32
+        # (fp32 named explicitly: sglang loads under set_default_torch_dtype(bf16))
+        buffer_rows = 0 if direct else min(block, rows)
+        buffer = torch.empty((buffer_rows, in_features), dtype=torch.float32)
         for r0 in range(0, rows, block):
             r1 = min(rows, r0 + block)
-            work = flat[r0:r1].to(torch.float32).view(r1 - r0, groups, group_width)
+            work = out[r0:r1] if direct else buffer[: r1 - r0]
+            work.copy_(flat[r0:r1])  # integer codes -> fp32, exact
+            grouped = work.view(r1 - r0, groups, group_width)
             if self.offset is not None:
-                work.sub_(self.offset[r0:r1, :, None])
-            work.mul_(self.scale[r0:r1, :, None])
-            out[r0:r1].copy_(work.view(r1 - r0, in_features))
+                grouped.sub_(self.offset[r0:r1, :, None])
+            grouped.mul_(self.scale[r0:r1, :, None])
+            if not direct:
+                out[r0:r1].copy_(work)  # the one rounding, to the draft's dtype
         return out.view(self.shape)
 
 
@@ -74,8 +85,17 @@ class Scheme:
         return stored.shape
 
     def prepare(
-        self, weight: TensorInfo, companions: Mapping[str, torch.Tensor], group_size: int
+        self,
+        weight: TensorInfo,
+        companions: Mapping[str, torch.Tensor],
+        group_size: int,
+        format_version: str | None = None,
     ) -> AffineDecoder:
+        """Check the companions against the weight's header and build its decoder.
+
+        ``group_size`` and ``format_version`` are the description's global ``group_size`` and
+        ``version`` (int4 packing differs between versions where shapes cannot tell).
+        """
         raise NotImplementedError
 
     # -- helpers shared by the schemes ---------------------------------------------------
@@ -121,7 +141,10 @@ def per_row_groups(
     rows = math.prod(shape[:-1])
     in_features = shape[-1]
     lead = tuple(values.shape)
-    if lead == tuple(shape[:-1]) or (values.numel() == rows and lead[-1:] != (in_features,)):
+    # per row: exactly these shapes; e.g. a (1, out) or a block-wise (out/B, in/B) scale of
+    # ``rows`` values is no per-row layout, and reading it as one would give a wrong weight
+    per_row = {tuple(shape[:-1]), tuple(shape[:-1]) + (1,), (rows,), (rows, 1)}
+    if lead in per_row or (lead == () and rows == 1):
         groups = 1
     elif lead[:-1] == tuple(shape[:-1]) and lead[-1] > 0 and in_features % lead[-1] == 0:
         groups = lead[-1]
@@ -195,9 +218,12 @@ def known_types() -> tuple[str, ...]:
 def infer_type(companion_suffixes: set[str]) -> str | None:
     """A description type for an integer weight the description does not list.
 
-    Only the unambiguous cases: ``deq_scale`` without ``weight_scale`` is static W8A8; a
+    Only the unambiguous cases: ``scale_bias`` or ``weight_scale_second`` exist only beside
+    W4A8_DYNAMIC int4 codes; ``deq_scale`` without ``weight_scale`` is static W8A8; a
     ``weight_scale`` alone decodes the same way under W8A8_DYNAMIC and W8A16.
     """
+    if companion_suffixes & {"scale_bias", "weight_scale_second"}:
+        return "W4A8_DYNAMIC"
     if "weight_scale" in companion_suffixes:
         return "W8A8_DYNAMIC"
     if "deq_scale" in companion_suffixes:

@@ -26,7 +26,7 @@ class AffineInt8(Scheme):
     types = ("W8A8_DYNAMIC", "W8A16")
     reads = ("weight_scale", "weight_offset")
 
-    def prepare(self, weight, companions, group_size):
+    def prepare(self, weight, companions, group_size, format_version=None):
         self._check_storage(weight, (torch.int8,))
         shape = self.logical_shape(weight)
         raw_scale = require(weight, companions, "weight_scale", self.types[0])
@@ -66,7 +66,7 @@ class StaticInt8(Scheme):
     types = ("W8A8", "W8A8_MIX")
     reads = ("weight_scale", "weight_offset", "deq_scale", "input_scale")
 
-    def prepare(self, weight, companions, group_size):
+    def prepare(self, weight, companions, group_size, format_version=None):
         if "weight_scale" in companions:
             return AffineInt8().prepare(weight, companions, group_size)
         self._check_storage(weight, (torch.int8,))

@@ -1,0 +1,150 @@
+"""Write the trained model as checkpoints: float (Hugging Face layout) and ModelSlim W8A8_DYNAMIC.
+
+The quantized checkpoint is what msmodelslim 26.1.0's shipped Qwen3.5 dense recipe
+(``--quant_type w8a8``, config_id Qwen3_5_dense_w8a8) writes: every linear layer whose
+module name matches ``*self_attn*`` or ``*mlp*`` (backbone AND MTP) becomes W8A8_DYNAMIC,
+everything else stays FLOAT in the model dtype. ``quantize_w8a8_dynamic`` repeats
+msmodelslim's arithmetic operation for operation (read in msmodelslim 26.1.0:
+``core/quantizer/impl/minmax.py`` ``WeightPerChannelMinmax``,
+``ir/api/impl/int_quantization.py`` ``calculate_int_qparam`` / ``int_quantize``, and
+``core/quant_service/modelslim_v1/save/ascendv1.py`` ``on_w8a8_dynamic_per_channel``), in the
+layer's own dtype (bf16), which is why its rounding error reaches 0.75 of a step and not 0.5.
+``writer_proof`` checks the output byte for byte against msmodelslim's on a shared fixture.
+
+Files (V1 engine, one shard): ``quant_model_weights-00001-of-00001.safetensors``,
+``quant_model_weights.safetensors.index.json``, ``quant_model_description.json``,
+``config.json``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shutil
+
+import torch
+from safetensors.torch import save_file
+
+from .model import TinyQwen35
+
+INCLUDE = ("*self_attn*", "*mlp*")
+EXCLUDE = ("*visual*",)
+SHARD = "quant_model_weights-00001-of-00001.safetensors"
+INDEX = "quant_model_weights.safetensors.index.json"
+DESCRIPTION = "quant_model_description.json"
+
+
+def config_json(model: TinyQwen35) -> dict:
+    """config.json of the text-only checkpoint (sglang reads the same fields)."""
+    raw = model.config.to_dict()
+    raw["architectures"] = ["Qwen3_5ForCausalLM"]
+    raw["full_attention_interval"] = 4
+    raw["dtype"] = "bfloat16"
+    for key in ("id2label", "label2id", "_name_or_path", "transformers_version"):
+        raw.pop(key, None)
+    return raw
+
+
+def float_state_dict(model: TinyQwen35, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Checkpoint names -> tensors: the target's own names plus ``mtp.*`` (as Qwen3.5 ships)."""
+    tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.target.state_dict().items()}
+    for name, value in model.mtp.state_dict().items():
+        tensors[f"mtp.{name}"] = value.detach().to(dtype).contiguous()
+    return tensors
+
+
+def _write_config(folder: str, model: TinyQwen35) -> None:
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as handle:
+        json.dump(config_json(model), handle, indent=2)
+
+
+def write_float_checkpoint(model: TinyQwen35, folder: str) -> dict:
+    """The release-style float checkpoint (bf16 ``model.safetensors``); returns its tensors."""
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    tensors = float_state_dict(model)
+    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    _write_config(folder, model)
+    return tensors
+
+
+def is_quantized_linear(name: str, tensor: torch.Tensor) -> bool:
+    """The recipe's selection: a linear weight under ``*self_attn*`` / ``*mlp*``, not visual."""
+    if not name.endswith(".weight") or tensor.ndim != 2:
+        return False
+    module = name[: -len(".weight")]
+    included = any(fnmatch.fnmatchcase(module, p) for p in INCLUDE)
+    return included and not any(fnmatch.fnmatchcase(module, p) for p in EXCLUDE)
+
+
+def quantize_w8a8_dynamic(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """msmodelslim's per-channel symmetric int8 minmax RTN, in the weight's dtype.
+
+    Returns (int8 codes (out, in), weight_scale f32 (out, 1), weight_offset f32 (out, 1)).
+    """
+    w_t = weight.T  # msmodelslim observes and quantizes weight.T (in, out)
+    min_val = torch.amin(w_t, [0], False)
+    max_val = torch.amax(w_t, [0], False)
+    eps = torch.tensor([torch.finfo(torch.float32).eps]).type_as(min_val)
+    min_val = torch.min(min_val, torch.zeros_like(min_val))
+    max_val = torch.max(max_val, torch.zeros_like(max_val))
+    max_val_pos = torch.max(-min_val, max_val)
+    scale = max_val_pos / float(127)
+    scale = torch.max(scale, eps)
+    offset = torch.tensor(0.0).type_as(min_val).expand(scale.shape)
+    codes = (w_t / scale + offset).round_().clamp_(min=-128, max=127).to(torch.int8).T
+    scale_col = scale.unsqueeze(-1)
+    return (
+        codes.contiguous(),
+        scale_col.to(torch.float32).contiguous(),
+        torch.zeros_like(scale_col).to(torch.float32).contiguous(),
+    )
+
+
+def modelslim_tensors(float_tensors: dict) -> tuple[dict, dict]:
+    """(tensors, description) of the W8A8_DYNAMIC export of a float checkpoint's tensors."""
+    tensors: dict[str, torch.Tensor] = {}
+    description: dict[str, object] = {}
+    for name, value in float_tensors.items():
+        if is_quantized_linear(name, value):
+            base = name[: -len(".weight")]
+            codes, scale, offset = quantize_w8a8_dynamic(value)
+            for suffix, tensor in (
+                ("weight", codes),
+                ("weight_scale", scale),
+                ("weight_offset", offset),
+            ):
+                tensors[f"{base}.{suffix}"] = tensor
+                description[f"{base}.{suffix}"] = "W8A8_DYNAMIC"
+        else:
+            tensors[name] = value
+            description[name] = "FLOAT"
+    description.update(
+        {
+            "version": "1.0.0",
+            "model_quant_type": "W8A8_DYNAMIC",
+            "metadata": {},
+            "group_size": 0,
+            "optional": {},
+        }
+    )
+    return tensors, description
+
+
+def write_modelslim_checkpoint(model: TinyQwen35, float_tensors: dict, folder: str) -> dict:
+    """The ModelSlim V1 folder sglang is given on an Ascend server; returns its description."""
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    tensors, description = modelslim_tensors(float_tensors)
+    save_file(tensors, os.path.join(folder, SHARD), metadata={"format": "pt"})
+    index = {
+        "metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+        "weight_map": {name: SHARD for name in tensors},
+    }
+    with open(os.path.join(folder, INDEX), "w", encoding="utf-8") as handle:
+        json.dump(index, handle, indent=2)
+    with open(os.path.join(folder, DESCRIPTION), "w", encoding="utf-8") as handle:
+        json.dump(description, handle, indent=4)
+    _write_config(folder, model)
+    return description

@@ -1,0 +1,172 @@
+"""How long ``sglang-mtp-dequant doctor`` takes on a checkpoint laid out like Qwen3.5-27B W8A8.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_doctor.py [--keep DIR]
+
+Writes a 27B-shaped msmodelslim W8A8_DYNAMIC checkpoint as *sparse* files (every tensor of
+the real layout with its real shape and dtype: 64 hybrid layers, the vision tower, embedding,
+lm_head and the MTP layer; ~29 GB apparent, a few KB on disk): the headers are real, the
+weight bytes are holes that read as zeros, and the MTP companions (weight_scale, weight_offset)
+hold real values. Then it times the console script end to end (a fresh Python process, as an
+operator runs it) and ``diagnose`` alone. The doctor reads headers and the small companions
+only, so the apparent size must not matter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+H, INTER, VOCAB = 5120, 17408, 248320
+DTYPE_BYTES = {"I8": 1, "BF16": 2, "F32": 4}
+
+
+def linear(prefix: str, out: int, inp: int, quantized: bool) -> list[tuple[str, str, tuple]]:
+    if not quantized:
+        return [(f"{prefix}.weight", "BF16", (out, inp))]
+    return [
+        (f"{prefix}.weight", "I8", (out, inp)),
+        (f"{prefix}.weight_scale", "F32", (out, 1)),
+        (f"{prefix}.weight_offset", "F32", (out, 1)),
+    ]
+
+
+def decoder_layer(prefix: str, full_attention: bool) -> list:
+    out = []
+    if full_attention:
+        out += linear(f"{prefix}.self_attn.q_proj", 24 * 256 * 2, H, True)
+        out += linear(f"{prefix}.self_attn.k_proj", 4 * 256, H, True)
+        out += linear(f"{prefix}.self_attn.v_proj", 4 * 256, H, True)
+        out += linear(f"{prefix}.self_attn.o_proj", H, 24 * 256, True)
+        out += [(f"{prefix}.self_attn.q_norm.weight", "BF16", (256,))]
+        out += [(f"{prefix}.self_attn.k_norm.weight", "BF16", (256,))]
+    else:
+        la = f"{prefix}.linear_attn"
+        out += linear(f"{la}.in_proj_qkv", 10240, H, True)
+        out += linear(f"{la}.in_proj_z", 6144, H, True)
+        out += linear(f"{la}.in_proj_b", 48, H, False)
+        out += linear(f"{la}.in_proj_a", 48, H, False)
+        out += linear(f"{la}.out_proj", H, 6144, True)
+        out += [(f"{la}.conv1d.weight", "BF16", (10240, 1, 4)), (f"{la}.A_log", "F32", (48,))]
+        out += [(f"{la}.dt_bias", "BF16", (48,)), (f"{la}.norm.weight", "F32", (128,))]
+    for proj, shape in (
+        ("gate_proj", (INTER, H)),
+        ("up_proj", (INTER, H)),
+        ("down_proj", (H, INTER)),
+    ):
+        out += linear(f"{prefix}.mlp.{proj}", *shape, True)
+    out += [(f"{prefix}.input_layernorm.weight", "BF16", (H,))]
+    out += [(f"{prefix}.post_attention_layernorm.weight", "BF16", (H,))]
+    return out
+
+
+def layout() -> list[tuple[str, str, tuple]]:
+    tensors = [("model.language_model.embed_tokens.weight", "BF16", (VOCAB, H))]
+    for i in range(64):
+        tensors += decoder_layer(f"model.language_model.layers.{i}", i % 4 == 3)
+    tensors += [("model.language_model.norm.weight", "BF16", (H,))]
+    for i in range(27):
+        b = f"model.visual.blocks.{i}"
+        tensors += [
+            (f"{b}.attn.qkv.weight", "BF16", (3456, 1152)),
+            (f"{b}.attn.proj.weight", "BF16", (1152, 1152)),
+        ]
+        tensors += [
+            (f"{b}.mlp.linear_fc1.weight", "BF16", (4304, 1152)),
+            (f"{b}.mlp.linear_fc2.weight", "BF16", (1152, 4304)),
+        ]
+        tensors += [(f"{b}.norm1.weight", "BF16", (1152,)), (f"{b}.norm2.weight", "BF16", (1152,))]
+    tensors += [("lm_head.weight", "BF16", (VOCAB, H))]
+    tensors += [("mtp.fc.weight", "BF16", (H, 2 * H))]
+    tensors += [
+        ("mtp.pre_fc_norm_embedding.weight", "BF16", (H,)),
+        ("mtp.pre_fc_norm_hidden.weight", "BF16", (H,)),
+    ]
+    tensors += decoder_layer("mtp.layers.0", True)
+    tensors += [("mtp.norm.weight", "BF16", (H,))]
+    return tensors
+
+
+def write_sparse_checkpoint(folder: str, shards: int = 12) -> tuple[list, int]:
+    tensors = layout()
+    per_shard = -(-len(tensors) // shards)
+    description = {"model_quant_type": "W8A8_DYNAMIC", "version": "1.0.0", "group_size": 0}
+    weight_map, apparent = {}, 0
+    for s in range(shards):
+        part = sorted(tensors[s * per_shard : (s + 1) * per_shard])
+        name = f"quant_model_weights-{s + 1:05d}-of-{shards:05d}.safetensors"
+        header, offset, companions = {"__metadata__": {"format": "pt"}}, 0, []
+        for tensor, dtype, shape in part:
+            size = int(np.prod(shape)) * DTYPE_BYTES[dtype]
+            header[tensor] = {
+                "dtype": dtype,
+                "shape": list(shape),
+                "data_offsets": [offset, offset + size],
+            }
+            if tensor.endswith(".weight_scale"):
+                companions.append((offset, size))
+            offset += size
+            weight_map[tensor] = name
+            description[tensor] = (
+                "W8A8_DYNAMIC"
+                if dtype == "I8" or "_scale" in tensor or "_offset" in tensor
+                else "FLOAT"
+            )
+        blob = json.dumps(header).encode()
+        blob += b" " * (-len(blob) % 8)
+        path = os.path.join(folder, name)
+        with open(path, "wb") as handle:
+            handle.write(struct.pack("<Q", len(blob)) + blob)
+            base = handle.tell()
+            for start, size in companions:  # real, positive scales; everything else a hole
+                handle.seek(base + start)
+                handle.write(np.full(size // 4, 0.01, dtype=np.float32).tobytes())
+            handle.truncate(base + offset)
+        apparent += base + offset
+    with open(os.path.join(folder, "quant_model_weights.safetensors.index.json"), "w") as handle:
+        json.dump({"metadata": {}, "weight_map": weight_map}, handle)
+    with open(os.path.join(folder, "quant_model_description.json"), "w") as handle:
+        json.dump(description, handle)
+    with open(os.path.join(folder, "config.json"), "w") as handle:
+        json.dump({"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+                   "text_config": {"dtype": "bfloat16", "hidden_size": H}}, handle)  # fmt: skip
+    return tensors, apparent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--keep", help="write the checkpoint here and keep it")
+    args = parser.parse_args()
+    folder = args.keep or tempfile.mkdtemp(prefix="doctor-27b-")
+    os.makedirs(folder, exist_ok=True)
+    tensors, apparent = write_sparse_checkpoint(folder)
+    params = sum(int(np.prod(shape)) for _, _, shape in tensors)
+    script = os.path.join(os.path.dirname(sys.executable), "sglang-mtp-dequant")
+    started = time.perf_counter()
+    run = subprocess.run([script, "doctor", folder, "--json"], capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    report = json.loads(run.stdout)
+    from sglang_mtp_dequant.doctor import diagnose
+
+    started = time.perf_counter()
+    diagnose(folder)
+    inner = time.perf_counter() - started
+    print(
+        f"checkpoint: {len(tensors)} tensors ({params / 1e9:.1f} B parameters) in 12 shards, "
+        f"{apparent / 2**30:.1f} GiB apparent (sparse)"
+    )
+    print(f"doctor verdict {report['verdict']!r}, counts {report['counts']}, exit {run.returncode}")
+    print(f"console script, fresh process: {wall:.2f} s; diagnose() alone: {inner:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

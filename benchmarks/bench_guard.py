@@ -1,0 +1,93 @@
+"""What the misload guard costs on a Qwen3.5-27B-sized MTP draft, on this CPU.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_guard.py            # prints a table of seconds
+
+The tensors have the exact shapes sglang 0.5.23 builds for the Qwen3.5-27B MTP draft
+(``Qwen3_5ForCausalLMMTP`` on the meta device: fc, qkv_proj, o_proj, gate_up_proj, down_proj
+and the norms; 425 M parameters, the embedding and lm_head excluded because the guard skips
+them). Three cases, each timed with the same ``integer_code_evidence`` the guard runs per
+parameter:
+
+- a float draft (bf16 ``normal(0, 0.02)``): what every healthy start-up pays;
+- the same draft with the five projections holding int8 codes: the refusal path;
+- for scale, one plain pass over the same parameters (``abs().amax()`` on each).
+
+On a GPU the guard runs where the parameters are; this measures the CPU only.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+
+import torch
+
+from sglang_mtp_dequant.guard import integer_code_evidence
+
+# (name, shape) of every parameter the guard inspects in sglang's Qwen3.5-27B MTP draft
+QWEN35_27B_DRAFT = [
+    ("fc.weight", (5120, 10240)),
+    ("pre_fc_norm_embedding.weight", (5120,)),
+    ("pre_fc_norm_hidden.weight", (5120,)),
+    ("model.layers.0.qkv_proj.weight", (14336, 5120)),
+    ("model.layers.0.o_proj.weight", (5120, 6144)),
+    ("model.layers.0.mlp.gate_up_proj.weight", (34816, 5120)),
+    ("model.layers.0.mlp.down_proj.weight", (5120, 17408)),
+    ("model.layers.0.input_layernorm.weight", (5120,)),
+    ("model.layers.0.post_attention_layernorm.weight", (5120,)),
+    ("model.layers.0.q_norm.weight", (256,)),
+    ("model.layers.0.k_norm.weight", (256,)),
+    ("model.norm.weight", (5120,)),
+]
+PROJECTIONS = {n for n, s in QWEN35_27B_DRAFT if len(s) == 2}
+
+
+def build(codes: bool) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    params = {}
+    for name, shape in QWEN35_27B_DRAFT:
+        if len(shape) == 1:
+            params[name] = torch.zeros(shape, dtype=torch.bfloat16)  # Gemma norms start at 0
+        elif codes:
+            params[name] = torch.randint(-128, 128, shape, generator=gen, dtype=torch.int8).to(
+                torch.bfloat16
+            )
+        else:
+            params[name] = (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
+    return params
+
+
+def timed(fn, repeats: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def main() -> None:
+    torch.set_num_threads(torch.get_num_threads())
+    results = []
+    for label, codes in (("float draft", False), ("int8 codes in projections", True)):
+        params = build(codes)
+        elements = sum(p.numel() for p in params.values())
+        found = [n for n, p in params.items() if integer_code_evidence(p) is not None]
+        assert set(found) == (PROJECTIONS if codes else set()), found
+        guard = timed(lambda params=params: [integer_code_evidence(p) for p in params.values()])
+        one_pass = timed(lambda params=params: [p.abs().amax() for p in params.values()])
+        results.append((label, elements, guard, one_pass, len(found)))
+        del params
+        gc.collect()
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU, load {load}")
+    print(f"{'case':<28}{'parameters':>12}{'guard s':>10}{'abs().amax() s':>16}{'flagged':>9}")
+    for label, elements, guard, one_pass, flagged in results:
+        print(f"{label:<28}{elements:>12,}{guard:>10.3f}{one_pass:>16.3f}{flagged:>9}")
+
+
+if __name__ == "__main__":
+    main()

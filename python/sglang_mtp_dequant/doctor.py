@@ -1,0 +1,361 @@
+"""``sglang-mtp-dequant doctor``: what a checkpoint's draft tensors are and what loading does.
+
+Usage::
+
+    report = diagnose("/models/Qwen3.5-27B-w8a8")
+    print(render_text(report))              # a table, the verdict last
+    print(json.dumps(report.to_json()))     # {"verdict": "ok"|"error", "tensors": [...], ...}
+    sys.exit(0 if report.verdict == "ok" else 1)
+
+Why it exists: the bug this package fixes is silent (stock sglang serves raw int8 codes and
+logs nothing), so an operator needs a way to ask, before starting a server, "will this
+checkpoint's draft load correctly?". The doctor answers with the very decisions the plugin
+will take at load time (``Checkpoint`` + ``DequantPlan``, the same code), plus what stock
+sglang would do instead. It reads headers, ``config.json``, the description and the small
+companion tensors only (never a weight), so it takes seconds on a 27B checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .checkpoint import Checkpoint, TensorInfo
+from .drafts import DRAFT_SPECS, DraftSpec, mtp_prefix
+from .errors import CheckpointFormatError
+from .plan import COMPANION_SUFFIXES, DequantPlan, PlannedTensor
+
+SGLANG_VERSION_STUDIED = "0.5.23"
+
+
+@dataclass
+class TensorRow:
+    """One draft tensor in the doctor's report."""
+
+    name: str
+    dtype: str
+    shape: list[int]
+    description: str | None
+    scheme: str | None
+    companions: list[str]
+    action: str  # dequantize | keep | error
+    reason: str
+    stock: str
+    problem: str = ""  # the short form of an error reason, for the table
+    hint: str = ""  # what to do about an error, for the grouped notes under the table
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": self.shape,
+            "description": self.description,
+            "scheme": self.scheme,
+            "companions": self.companions,
+            "action": self.action,
+            "reason": self.reason,
+            "stock": self.stock,
+        }
+
+
+@dataclass
+class Diagnosis:
+    """The doctor's whole answer for one checkpoint folder."""
+
+    folder: str
+    architecture: str | None = None
+    draft_class: str | None = None
+    hooked: bool = False
+    draft_dtype: str = "bfloat16"
+    description_file: str | None = None
+    files: int = 0
+    stock: str = ""
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    tensors: list[TensorRow] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        if self.problems or any(t.action == "error" for t in self.tensors):
+            return "error"
+        return "ok"
+
+    def counts(self) -> dict[str, int]:
+        out = {"dequantize": 0, "keep": 0, "error": 0}
+        for row in self.tensors:
+            out[row.action] += 1
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "folder": self.folder,
+            "architecture": self.architecture,
+            "draft_class": self.draft_class,
+            "hooked": self.hooked,
+            "draft_dtype": self.draft_dtype,
+            "description_file": self.description_file,
+            "safetensors_files": self.files,
+            "counts": self.counts(),
+            "stock_sglang": self.stock,
+            "problems": self.problems,
+            "notes": self.notes,
+            "tensors": [t.to_json() for t in self.tensors],
+        }
+
+
+def diagnose(folder: str) -> Diagnosis:
+    """Everything the doctor reports about ``folder``; never raises on a bad checkpoint."""
+    report = Diagnosis(folder=os.path.abspath(folder))
+    config = _read_config(report)
+    spec = _draft_spec(report, config)
+    is_draft = spec.draft_names(config) if spec is not None else mtp_prefix(config)
+    try:
+        ckpt = Checkpoint.open(folder, wanted=is_draft)
+        plan = DequantPlan.build(ckpt)
+    except CheckpointFormatError as exc:
+        report.problems.append(str(exc))
+        return report
+    report.description_file = ckpt.description_file
+    report.files = len(ckpt.files)
+    if not ckpt.files:
+        report.problems.append(
+            f"{report.folder} holds no *.safetensors file: sglang would find no weights"
+        )
+    report.tensors = [_row(entry) for entry in plan.entries.values()]
+    report.tensors += _orphan_companions(ckpt, plan)
+    report.tensors.sort(key=lambda row: row.name)
+    if not report.tensors and ckpt.files:
+        report.problems.append(
+            "the checkpoint holds no draft (MTP) tensors: sglang's draft would keep "
+            "uninitialised weights; use a checkpoint that includes the MTP layers"
+        )
+    integer = [t for t in report.tensors if _is_integer_dtype(t.dtype)]
+    if integer and spec is None:
+        report.problems.append(
+            f"{len(integer)} draft tensors hold integer codes, but this plugin hooks no draft "
+            f"class for architecture {report.architecture!r}; serve the draft quantized "
+            "(--speculative-draft-model-quantization) or re-export the MTP layers as FLOAT"
+        )
+    report.stock = _stock_summary(report, integer)
+    described_float = [
+        t.name
+        for t in report.tensors
+        if t.action == "keep" and t.reason.startswith(f"described as {t.description} but")
+    ]  # fmt: skip
+    if described_float:
+        report.notes.append(
+            f"{len(described_float)} tensor(s) are described as quantized but stored as float "
+            f"(e.g. {described_float[0]}): passed to sglang as they are; the misload guard "
+            "checks their values when sglang loads them (codes stored as floats are refused)"
+        )
+    return report
+
+
+# -- the pieces ------------------------------------------------------------------------------
+
+
+def _read_config(report: Diagnosis) -> dict[str, Any]:
+    path = os.path.join(report.folder, "config.json")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except FileNotFoundError:
+        report.problems.append(f"{path} is missing: sglang cannot build any model from here")
+        return {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        report.problems.append(f"{path} is not readable JSON ({exc})")
+        return {}
+    if not isinstance(config, dict):
+        report.problems.append(f"{path} holds a JSON {type(config).__name__}, not an object")
+        return {}
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    dtype = text.get("dtype") or text.get("torch_dtype") or config.get("dtype")
+    if isinstance(dtype, str) and dtype in ("bfloat16", "float16", "float32"):
+        report.draft_dtype = dtype
+    return config
+
+
+def _draft_spec(report: Diagnosis, config: dict[str, Any]) -> DraftSpec | None:
+    archs = config.get("architectures")
+    if not (isinstance(archs, list) and archs and isinstance(archs[0], str)):
+        if config:
+            report.problems.append("config.json names no architectures: sglang cannot pick a class")
+        return None
+    report.architecture = archs[0]
+    for spec in DRAFT_SPECS:
+        if report.architecture in spec.architectures:
+            report.draft_class = spec.class_name
+            report.hooked = True
+            return spec
+    return None
+
+
+def _is_integer_dtype(name: str) -> bool:
+    return name.startswith(("int", "uint"))
+
+
+STOCK_SILENT = "copies the raw integer codes into a float parameter: silent misload"
+STOCK_LOUD = "fails sglang's shape check (packed int4 codes): the load stops"
+STOCK_UNKNOWN = (
+    "copies the raw integer codes into a float parameter (silent misload), or fails "
+    "sglang's shape check if they are packed"
+)
+
+
+def _stock_for(entry: PlannedTensor) -> str:
+    """What sglang's unwrapped loader does with this tensor (checked in test_doctor.py)."""
+    info = entry.info
+    if not info.is_integer:
+        return "loads as is"
+    if entry.decoder is None:  # undecodable: its logical shape is unknown
+        return STOCK_UNKNOWN
+    return STOCK_LOUD if entry.decoder.shape != info.shape else STOCK_SILENT
+
+
+def _row(entry: PlannedTensor) -> TensorRow:
+    info = entry.info
+    return TensorRow(
+        name=info.name,
+        dtype=info.dtype_name,
+        shape=list(info.shape),
+        description=entry.description_type,
+        scheme=entry.scheme,
+        companions=sorted(c.name for c in entry.companions.values()),
+        action=entry.action,
+        reason=entry.reason,
+        stock=_stock_for(entry),
+        problem=entry.error.problem if entry.error is not None else "",
+        hint=entry.error.hint if entry.error is not None else "",
+    )
+
+
+def _orphan_companions(ckpt: Checkpoint, plan: DequantPlan) -> list[TensorRow]:
+    """Companion-named tensors whose weight the checkpoint does not hold: listed, kept."""
+    attached = {c.name for e in plan.entries.values() for c in e.companions.values()}
+    rows = []
+    for name, info in ckpt.tensors.items():
+        base, _, suffix = name.rpartition(".")
+        if name in plan.entries or name in attached or suffix not in COMPANION_SUFFIXES:
+            continue
+        rows.append(_orphan_row(info, ckpt.type_of(name), f"{base}.weight"))
+    return rows
+
+
+def _orphan_row(info: TensorInfo, described: str | None, weight: str) -> TensorRow:
+    return TensorRow(
+        name=info.name,
+        dtype=info.dtype_name,
+        shape=list(info.shape),
+        description=described,
+        scheme=None,
+        companions=[],
+        action="keep",
+        reason=f"companion of {weight}, which the checkpoint does not hold; passed to sglang",
+        stock="passed to sglang (skipped or warned about by name)",
+    )
+
+
+def _stock_summary(report: Diagnosis, integer: list[TensorRow]) -> str:
+    draft = report.draft_class or "the draft"
+    version = f"stock sglang {SGLANG_VERSION_STUDIED}"
+    if not report.tensors:
+        return f"{version} finds no draft tensors to load"
+    if not integer:
+        return f"{version} loads every {draft} tensor as the float it is: nothing to fix"
+    silent = [t for t in integer if t.stock == STOCK_SILENT]
+    loud = sum(t.stock == STOCK_LOUD for t in integer)
+    unknown = len(integer) - len(silent) - loud
+    said = [
+        f"{version} builds {draft} unquantized (unless --speculative-draft-model-"
+        "quantization is given)"
+    ]
+    if silent:
+        said.append(
+            f"copies the integer codes of {len(silent)} draft tensor(s) into "
+            f"{report.draft_dtype} parameters with no error: the draft proposes garbage and "
+            "the accept length drops to about 1"
+        )
+    if loud:
+        said.append(f"stops on a shape mismatch for {loud} packed int4 tensor(s)")
+    if unknown:
+        said.append(
+            f"copies or, if packed, fails on {unknown} tensor(s) in a scheme this plugin "
+            "does not decode"
+        )
+    return "; ".join(said)
+
+
+# -- output ----------------------------------------------------------------------------------
+
+_COLUMNS = ("name", "dtype", "shape", "type", "scheme", "companions", "action", "reason")
+
+
+def _cells(row: TensorRow) -> tuple[str, ...]:
+    suffixes = [c.rpartition(".")[2] for c in row.companions]
+    reason = row.problem or row.reason
+    return (
+        row.name,
+        row.dtype,
+        "x".join(str(d) for d in row.shape) or "scalar",
+        row.description or "-",
+        row.scheme or "-",
+        ",".join(suffixes) or "-",
+        row.action.upper() if row.action == "error" else row.action,
+        reason,
+    )
+
+
+def render_text(report: Diagnosis) -> str:
+    """A plain-text table (stable, greppable, fits a log), then notes, then the verdict."""
+    lines = [f"sglang-mtp-dequant doctor: {report.folder}"]
+    lines.append(
+        f"  architecture: {report.architecture or '?'} -> draft class "
+        f"{report.draft_class or '(none this plugin hooks)'}"
+        + (" (hooked by this plugin)" if report.hooked else "")
+    )
+    if report.description_file:
+        lines.append(f"  description: {os.path.basename(report.description_file)}")
+    lines.append(f"  safetensors files: {report.files}; draft dtype: {report.draft_dtype}")
+    lines.append("")
+    if report.tensors:
+        table = [_COLUMNS] + [_cells(r) for r in report.tensors]
+        widths = [max(len(r[i]) for r in table) for i in range(len(_COLUMNS) - 1)]
+        for cells in table:
+            left = "  ".join(c.ljust(w) for c, w in zip(cells[:-1], widths, strict=False))
+            lines.append(f"{left}  {cells[-1]}")
+        counts = report.counts()
+        lines.append("")
+        lines.append(
+            f"  {len(report.tensors)} draft tensors: {counts['dequantize']} dequantize, "
+            f"{counts['keep']} keep, {counts['error']} error"
+        )
+    if report.stock:
+        lines.append(f"  stock: {report.stock}")
+    refused: dict[tuple[str, str], list[str]] = {}
+    for row in report.tensors:
+        if row.action == "error":
+            refused.setdefault((row.problem or row.reason, row.hint), []).append(row.name)
+    for (problem, hint), names in refused.items():
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        lines.append(f"  refused ({len(names)}): {shown}: {problem}")
+        if hint:
+            lines.append(f"    what to do: {hint}")
+    for note in report.notes:
+        lines.append(f"  note: {note}")
+    for problem in report.problems:
+        lines.append(f"  problem: {problem}")
+    lines.append("")
+    if report.verdict == "ok":
+        lines.append(
+            "verdict: ok - the plugin loads this draft as correct float weights"
+            if any(r.action == "dequantize" for r in report.tensors)
+            else "verdict: ok - the draft is float already; the plugin changes nothing"
+        )
+    else:
+        lines.append(
+            "verdict: error - this draft cannot be served unquantized as it is (see above)"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,241 @@
+"""The plugin in sglang's Ray scheduler actors: activated there, or the launch is refused.
+
+Usage::
+
+    # Nothing to do for `python -m sglang.launch_server --use-ray ...` or `RayEngine(...)` in a
+    # driver that has not initialized Ray: the launch guard (registered by plugin.register())
+    # initializes Ray with this package's worker setup hook before the first actor exists.
+
+    # A driver that initializes Ray itself passes the hook at job level:
+    ray.init(runtime_env={"worker_process_setup_hook": "sglang_mtp_dequant.ray_setup.setup"})
+
+    # ray job submit: the same, in the job's runtime env
+    ray job submit --runtime-env-json \\
+        '{"worker_process_setup_hook": "sglang_mtp_dequant.ray_setup.setup"}' \\
+        -- python -m sglang.launch_server --use-ray ...
+
+Why: sglang loads plugins in every process it spawns (``run_scheduler_process`` calls
+``load_plugins()`` first), but its Ray ``SchedulerActor`` never calls it, and it is the actor
+that builds the draft. A Ray worker runs nothing of this package unless Ray is told to, and
+the only public way to run code in every worker of a job is the job-level
+``worker_process_setup_hook`` (Ray ignores that field in an actor's own ``runtime_env``, and
+sglang passes none). So:
+
+- ``setup()`` is that hook: sglang's own ``load_plugins()`` in the worker, then a check that
+  this package's hook is really on every draft class; if not, it raises, Ray fails the worker,
+  and the actor (so the launch) fails with the reason, never a silently unhooked draft.
+- ``guard_ray_launch`` runs in the driver right before sglang creates the actors (a BEFORE
+  hook on ``RayEngine._launch_scheduler_processes``): when a draft is configured that may
+  need the plugin, it initializes Ray with ``setup`` as the job's hook, or, if Ray is already
+  initialized without it, refuses the launch with what to do.
+
+Cost: when Ray is installed, resolving the guard's target imports ``ray`` and
+``sglang.srt.ray.engine`` in every process that loads plugins (0.3-1.0 s measured,
+``benchmarks/bench_per_rank.py``); each Ray worker of a job with the hook imports sglang's
+draft module once when it starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import pkgutil
+from typing import Any
+
+logger = logging.getLogger("sglang_mtp_dequant")
+
+#: what Ray imports and calls in each worker process of the job
+SETUP_HOOK = "sglang_mtp_dequant.ray_setup.setup"
+#: the driver-side step right before sglang creates its SchedulerActors
+LAUNCH_TARGET = "sglang.srt.ray.engine.RayEngine._launch_scheduler_processes"
+#: where Ray keeps a job's setup hook once ray.init has processed the runtime env
+_RAY_HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
+#: set by `ray job submit` for the entrypoint driver: the job's config, runtime env included
+_RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+_guard_registered = False
+
+
+class PluginNotInRayWorkersError(RuntimeError):
+    """A Ray launch whose scheduler actors would build the draft without this plugin."""
+
+
+# -- in every Ray worker ---------------------------------------------------------------------
+
+
+def setup() -> None:
+    """Ray's ``worker_process_setup_hook``: activate plugins as an sglang scheduler does.
+
+    Raises when the hook is not in place afterwards (the plugin excluded by
+    ``SGLANG_PLUGINS`` in the worker's environment, another sglang version, a failed import):
+    Ray then fails the worker, and with it the actor, with this message.
+    """
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    missing = inactive_targets()
+    if missing:
+        raise PluginNotInRayWorkersError(
+            f"sglang-mtp-dequant: Ray worker pid {os.getpid()}: sglang's load_plugins() ran "
+            f"but the dequantization hook is not applied to {', '.join(missing)} "
+            f"(SGLANG_PLUGINS={os.environ.get('SGLANG_PLUGINS')!r}; see the sglang.srt.plugins "
+            "log above). What to do: install sglang-mtp-dequant on every Ray node and do not "
+            "exclude 'mtp_dequant' with SGLANG_PLUGINS there."
+        )
+
+
+def inactive_targets() -> list[str]:
+    """Draft classes present in this sglang whose ``load_weights`` this process has not hooked.
+
+    A target this sglang does not have is not listed (no such draft can be built here).
+    """
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from .drafts import DRAFT_SPECS
+    from .plugin import registered_targets
+
+    registered = registered_targets()
+    missing = []
+    for spec in DRAFT_SPECS:
+        try:
+            pkgutil.resolve_name(spec.target)
+        except Exception:
+            continue
+        if spec.target not in registered or spec.target not in HookRegistry._patched:
+            missing.append(spec.target)
+    return missing
+
+
+# -- in the driver -----------------------------------------------------------------------------
+
+
+def register_launch_guard() -> None:
+    """Register ``guard_ray_launch`` when this environment can launch sglang on Ray at all.
+
+    Called from ``plugin.register()``; without Ray installed there is no Ray launch to guard
+    and nothing is imported.
+    """
+    global _guard_registered
+    if _guard_registered or importlib.util.find_spec("ray") is None:
+        return
+    try:
+        if importlib.util.find_spec("sglang.srt.ray") is None:
+            return
+    except ImportError:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    try:
+        pkgutil.resolve_name(LAUNCH_TARGET)
+    except Exception as exc:  # another sglang: say so, sglang's loader would only log it
+        from .plugin import sglang_version
+
+        logger.warning(
+            "sglang-mtp-dequant: %s is not available in sglang %s (%s: %s); Ray launches are "
+            "NOT guarded: start Ray with worker_process_setup_hook=%s yourself",
+            LAUNCH_TARGET,
+            sglang_version(),
+            type(exc).__name__,
+            exc,
+            SETUP_HOOK,
+        )
+        return
+    HookRegistry.register(LAUNCH_TARGET, guard_ray_launch, HookType.BEFORE)
+    _guard_registered = True
+
+
+def guard_ray_launch(cls: type, *args: Any, **kwargs: Any) -> None:
+    """BEFORE ``RayEngine._launch_scheduler_processes(server_args, port_args, ...)``: no actor
+    exists yet, Ray may not either.
+
+    sglang never calls ``ray.init`` itself: its first Ray call in this method auto-initializes
+    Ray, which is ``ray.init()`` with no arguments. Doing that here with the setup hook is the
+    same initialization, plus the hook.
+    """
+    server_args = kwargs.get("server_args", args[0] if args else None)
+    if not draft_may_need_plugin(server_args):
+        return
+    import ray
+
+    if not ray.is_initialized():
+        job_hook = setup_hook_of(_submitted_job_runtime_env())
+        if job_hook is None:
+            ray.init(runtime_env={"worker_process_setup_hook": SETUP_HOOK})
+        elif job_hook == SETUP_HOOK:
+            ray.init()  # the submitted job's runtime env already carries the hook
+        else:
+            raise _refusal(f"the submitted Ray job's worker_process_setup_hook is {job_hook!r}")
+        logger.info(
+            "sglang-mtp-dequant: initialized Ray with worker_process_setup_hook=%s, so sglang's "
+            "SchedulerActors load the plugin",
+            SETUP_HOOK,
+        )
+        return
+    hook = setup_hook_of(ray.get_runtime_context().runtime_env)
+    if hook != SETUP_HOOK:
+        raise _refusal(
+            "Ray was initialized before the launch "
+            + ("without a worker_process_setup_hook" if hook is None else f"with hook {hook!r}")
+        )
+
+
+def setup_hook_of(runtime_env: Any) -> str | None:
+    """The job-level setup hook a runtime env carries, in either form Ray keeps it."""
+    if not runtime_env:
+        return None
+    env_vars = runtime_env.get("env_vars") or {}
+    hook = env_vars.get(_RAY_HOOK_ENV_VAR) or runtime_env.get("worker_process_setup_hook")
+    return hook if isinstance(hook, str) else None
+
+
+def _submitted_job_runtime_env() -> dict | None:
+    raw = os.environ.get(_RAY_JOB_CONFIG_ENV_VAR)
+    if not raw:
+        return None
+    try:
+        return json.loads(raw).get("runtime_env")
+    except (ValueError, AttributeError):
+        return None
+
+
+def draft_may_need_plugin(server_args: Any) -> bool:
+    """False only when no draft is configured, or its local checkpoint holds no integer draft
+    tensor: then the actors have nothing for the plugin to do. Anything unknown counts as
+    needing it (refusing a launch that would have worked is loud; the opposite is silent)."""
+    if not getattr(server_args, "speculative_algorithm", None):
+        return False
+    from .plugin import _hub_snapshot
+
+    path = getattr(server_args, "speculative_draft_model_path", None) or getattr(
+        server_args, "model_path", None
+    )
+    if not path:
+        return True
+    folder = path if os.path.isdir(path) else _hub_snapshot(path)
+    if folder is None:
+        return True
+    try:
+        from .checkpoint import Checkpoint
+        from .drafts import DRAFT_SPECS
+
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
+            config = json.load(handle)  # NextN drafts are named after num_hidden_layers
+        rules = [spec.draft_names(config) for spec in DRAFT_SPECS]
+        ckpt = Checkpoint.open(folder, wanted=lambda name: any(rule(name) for rule in rules))
+    except Exception:
+        return True
+    return any(info.is_integer for info in ckpt.tensors.values())
+
+
+def _refusal(why: str) -> PluginNotInRayWorkersError:
+    return PluginNotInRayWorkersError(
+        f"sglang-mtp-dequant: refusing this Ray launch: {why}, so sglang's SchedulerActors "
+        "(which build the draft and never call load_plugins()) would load the quantized draft "
+        "WITHOUT dequantization. What to do: give the job the setup hook, e.g. "
+        f'ray.init(runtime_env={{"worker_process_setup_hook": "{SETUP_HOOK}"}}) before '
+        "creating the engine, or `ray job submit --runtime-env-json "
+        f'\'{{"worker_process_setup_hook": "{SETUP_HOOK}"}}\' -- ...`; a hook of your own must '
+        f"call {SETUP_HOOK}() too. Or leave Ray uninitialized and the plugin does it."
+    )

@@ -1,0 +1,296 @@
+"""The int4 ModelSlim schemes: W4A8_DYNAMIC (V1 packed, V0 two-stage, legacy) and W4A16.
+
+Usage::
+
+    scheme = scheme_for("W4A8_DYNAMIC")
+    decoder = scheme.prepare(info, {"weight_scale": s, "weight_offset": o}, group_size=0)
+    w = decoder.decompress(packed_int8, torch.bfloat16)     # (out, in) from (out/2, in)
+
+int4 codes travel two to an int8 byte, two's complement, the first of each pair in the low
+nibble (msmodelslim ``_pack_int4``: ``byte = (first & 0xF) | (second << 4)``). Which axis the
+pairs run along depends on the scheme, so the scale's shape (one row per output channel) and,
+where shapes alone cannot tell, the description's ``version`` decide:
+
+| scheme | stored ``weight`` | codes |
+|---|---|---|
+| W4A8_DYNAMIC, ``version`` 1.0.0 (V1; V0 ascendv1 saver) | (out/2, in) | pairs along ``out`` |
+| W4A8_DYNAMIC, no version (legacy savers) | (out, in) | one code per byte |
+| W4A16 per channel, ``version`` 1.0.0 | (out, in/2) | pairs along ``in`` |
+| W4A16 per group, ``version`` 1.0.0 | (out/2, in) | pairs along ``out`` |
+| W4A16, no version | (out, in) | one code per byte |
+
+Sources: msmodelslim 26.1.0 ``llm_ptq_tools/save/complex_quantifier.py`` (``_w4a16_pack_int4``,
+``_w4a8_pack_int4``, the two-stage export) and ``modelslim_v1/save/ascendv1.py``
+(``on_w4a8_dynamic``); vllm-ascend's ``AscendW4A8DynamicLinearMethod`` reads the same layouts.
+Every rule here is checked against the tool's own output in ``test/test_int4.py``.
+
+Arithmetic:
+
+- W4A8_DYNAMIC: ``w = q * weight_scale``. The two-stage form (``weight_scale_second`` per group)
+  first quantized the weight to int8 per channel, then the int8 values to int4 per group, so
+  ``w = (q * weight_scale_second) * weight_scale``; msmodelslim computes exactly this product
+  for its ``scale_bias``. ``scale_bias`` is ``8 * sum(w)`` over column blocks, a correction the
+  NPU's int4 GEMM needs, not part of the weight: it is consumed, never applied. msmodelslim
+  writes W4A8 symmetric (zero ``weight_offset`` and ``weight_offset_second``) and vllm-ascend
+  ignores both; a nonzero one is refused rather than guessed at.
+- W4A16: ``w = (q - weight_offset) * weight_scale``, asymmetric (offsets are nonzero).
+
+Memory: unpacking makes one int8 copy of one tensor (int16 for the two-stage form, see
+``_TwoStageCodes``); the fp32 work stays in ``AffineDecoder``'s row blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from ..checkpoint import TensorInfo
+from ..errors import DraftWeightError
+from .base import (
+    REEXPORT,
+    AffineDecoder,
+    Scheme,
+    nonzero_or_none,
+    per_row_groups,
+    positive,
+    require,
+)
+
+#: the ``version`` msmodelslim's ascendv1 savers write; weights are packed two codes a byte
+PACKED_VERSION = "1.0.0"
+
+INT4_MIN, INT4_MAX = -8, 7
+
+OUT_AXIS, IN_AXIS = -2, -1
+
+
+def unpack_int4(codes: torch.Tensor, axis: int) -> torch.Tensor:
+    """int8 bytes holding two int4 codes -> one int8 per code, pairs running along ``axis``.
+
+    ``axis`` is ``-2`` (pairs of output rows) or ``-1`` (pairs of input columns). The low nibble
+    is the first of each pair; both nibbles are sign-extended (int8 shifts are arithmetic).
+    """
+    low = torch.bitwise_right_shift(torch.bitwise_left_shift(codes, 4), 4)
+    high = torch.bitwise_right_shift(codes, 4)
+    shape = list(codes.shape)
+    shape[axis] *= 2
+    return torch.stack((low, high), dim=axis).reshape(shape)
+
+
+@dataclass(frozen=True)
+class _PackedCodes:
+    """``AffineDecoder.unpack`` for packed codes."""
+
+    axis: int
+
+    def __call__(self, codes: torch.Tensor) -> torch.Tensor:
+        return unpack_int4(codes, self.axis)
+
+
+@dataclass(frozen=True)
+class _OneCodePerByte:
+    """``AffineDecoder.unpack`` for legacy (unpacked) int4: checks the codes really are int4.
+
+    A packed tensor mistaken for an unpacked one would otherwise decode to garbage of the
+    wrong shape; its bytes almost surely leave the int4 range, so this catches it.
+    """
+
+    tensor: str
+    file: str
+    why: str  # what made the plan read the weight as one code per byte
+
+    def __call__(self, codes: torch.Tensor) -> torch.Tensor:
+        if codes.numel() and (int(codes.min()) < INT4_MIN or int(codes.max()) > INT4_MAX):
+            raise DraftWeightError(
+                tensor=self.tensor,
+                file=self.file,
+                problem=(
+                    f"is read as one int4 code per byte ({self.why}), but holds values in "
+                    f"[{int(codes.min())}, {int(codes.max())}], outside int4"
+                ),
+                hint=(
+                    "the weight is packed two codes a byte: restore the description's "
+                    f'"version": "{PACKED_VERSION}", or re-export the checkpoint'
+                ),
+            )
+        return codes
+
+
+@dataclass(frozen=True)
+class _TwoStageCodes:
+    """Unpacked int4 codes times the integer second-stage scale, as exact int16.
+
+    ``(q * scale_second) * weight_scale`` is msmodelslim's order. msmodelslim's second-stage
+    scales are small integers (6..17 in the fixture), so ``q * scale_second`` fits int16
+    exactly and the decoder then applies ``weight_scale`` alone: one fp32 rounding, the same
+    as the formula.
+    """
+
+    inner: _PackedCodes | _OneCodePerByte
+    second: torch.Tensor  # int16 (rows, groups)
+
+    def __call__(self, codes: torch.Tensor) -> torch.Tensor:
+        q = self.inner(codes)
+        shape = q.shape
+        rows, groups = self.second.shape
+        work = q.to(torch.int16).reshape(rows, groups, shape[-1] // groups)
+        work.mul_(self.second[:, :, None])
+        return work.reshape(shape)
+
+
+def _out_features(weight: TensorInfo, scale: torch.Tensor, scheme: str) -> int:
+    """The logical output size, from the per-channel/per-group scale's row count."""
+    lead, ndim = weight.shape[:-2], len(weight.shape)
+    shape = tuple(scale.shape)
+    if len(shape) == ndim and shape[:-2] == lead:  # (..., out, 1) or (..., out, in/G)
+        return shape[-2]
+    if len(shape) == ndim - 1 and shape[:-1] == lead:  # (..., out)
+        return shape[-1]
+    raise DraftWeightError(
+        tensor=weight.name,
+        file=weight.file,
+        problem=(
+            f"{scheme} weight_scale has shape {list(shape)}, which gives no output size for a "
+            f"packed weight of shape {list(weight.shape)} (expected {list(lead)} + [out, 1])"
+        ),
+        hint=REEXPORT,
+    )
+
+
+def _layout_error(weight: TensorInfo, scheme: str, out: int, why: str) -> DraftWeightError:
+    return DraftWeightError(
+        tensor=weight.name,
+        file=weight.file,
+        problem=(
+            f"{scheme} weight of shape {list(weight.shape)} fits no int4 layout for "
+            f"{out} output channels ({why})"
+        ),
+        hint=REEXPORT,
+    )
+
+
+def _require_zero(weight: TensorInfo, companions: Mapping[str, torch.Tensor], suffix: str) -> None:
+    values = companions.get(suffix)
+    if values is None or not bool(values.any()):
+        return
+    raise DraftWeightError(
+        tensor=weight.name,
+        file=weight.file,
+        problem=(
+            f"W4A8_DYNAMIC with a nonzero {suffix} (max |offset| "
+            f"{values.abs().max().item():.6g}): msmodelslim writes this scheme symmetric and "
+            "no known reader applies the offset, so its meaning is unknown"
+        ),
+        hint=REEXPORT,
+    )
+
+
+class W4A8Dynamic(Scheme):
+    """W4A8_DYNAMIC: int4 weights, one scale per output channel, optionally two-stage."""
+
+    types = ("W4A8_DYNAMIC",)
+    reads = ("weight_scale", "weight_offset", "weight_scale_second", "weight_offset_second")
+
+    def prepare(self, weight, companions, group_size, format_version=None):
+        self._check_storage(weight, (torch.int8,))
+        raw_scale = require(weight, companions, "weight_scale", self.types[0])
+        out = _out_features(weight, raw_scale, self.types[0])
+        rows, cols = weight.shape[-2:]
+        if rows * 2 == out:
+            inner = _PackedCodes(OUT_AXIS)
+        elif rows == out:
+            inner = _OneCodePerByte(weight.name, weight.file, f"{rows} rows for {out} channels")
+        else:
+            raise _layout_error(weight, self.types[0], out, "expected out/2 or out rows")
+        shape = (*weight.shape[:-2], out, cols)
+        _require_zero(weight, companions, "weight_offset")
+        _require_zero(weight, companions, "weight_offset_second")
+        scale = positive(
+            weight,
+            per_row_groups(weight, shape, raw_scale, "weight_scale", group_size),
+            "weight_scale",
+        )
+        if "weight_scale_second" not in companions:
+            return AffineDecoder(weight.name, weight.file, shape, scale, None, inner)
+        if scale.shape[1] != 1:
+            raise DraftWeightError(
+                tensor=weight.name,
+                file=weight.file,
+                problem="has weight_scale_second, but its weight_scale is not per channel",
+                hint=REEXPORT,
+            )
+        second = positive(
+            weight,
+            per_row_groups(
+                weight, shape, companions["weight_scale_second"], "weight_scale_second", group_size
+            ),
+            "weight_scale_second",
+        )
+        if _exact_in_int16(second):
+            unpack = _TwoStageCodes(inner, second.to(torch.int16))
+            return AffineDecoder(weight.name, weight.file, shape, scale, None, unpack)
+        # not msmodelslim's integer second stage: fold the scales (one extra fp32 rounding)
+        return AffineDecoder(weight.name, weight.file, shape, scale * second, None, inner)
+
+
+def _exact_in_int16(second: torch.Tensor) -> bool:
+    """Whether ``q * second`` (|q| <= 8) is exact in int16 for every group."""
+    return bool((second == second.round()).all()) and float(second.max()) * 8 < 2**15
+
+
+class W4A16Int4(Scheme):
+    """W4A16: int4 weights with asymmetric ``weight_scale`` / ``weight_offset``.
+
+    Per channel (out, 1) the codes pair up along ``in``; per group (out, in/G) along ``out``.
+    Only the per-channel case needs the description's ``version``: (out, in/2) packed and
+    (out, in) unpacked look alike from shapes.
+    """
+
+    types = ("W4A16",)
+    reads = ("weight_scale", "weight_offset")
+
+    def prepare(self, weight, companions, group_size, format_version=None):
+        self._check_storage(weight, (torch.int8,))
+        raw_scale = require(weight, companions, "weight_scale", self.types[0])
+        out = _out_features(weight, raw_scale, self.types[0])
+        per_group = raw_scale.ndim == len(weight.shape) and raw_scale.shape[-1] > 1
+        packed = format_version == PACKED_VERSION
+        rows, cols = weight.shape[-2:]
+        if rows * 2 == out:
+            inner, logical = _PackedCodes(OUT_AXIS), (out, cols)
+        elif rows != out:
+            raise _layout_error(weight, self.types[0], out, "expected out or out/2 rows")
+        elif packed and not per_group:
+            inner, logical = _PackedCodes(IN_AXIS), (out, cols * 2)
+        elif packed:
+            raise _layout_error(
+                weight, self.types[0], out, "per-group W4A16 of version 1.0.0 packs along out"
+            )
+        else:
+            why = f"quant_model_description.json has no 'version': '{PACKED_VERSION}'"
+            inner, logical = _OneCodePerByte(weight.name, weight.file, why), (out, cols)
+        shape = (*weight.shape[:-2], *logical)
+        scale = positive(
+            weight,
+            per_row_groups(weight, shape, raw_scale, "weight_scale", group_size),
+            "weight_scale",
+        )
+        offset = None
+        if "weight_offset" in companions:
+            offset = per_row_groups(
+                weight, shape, companions["weight_offset"], "weight_offset", group_size
+            )
+            if offset.shape != scale.shape:
+                raise DraftWeightError(
+                    tensor=weight.name,
+                    file=weight.file,
+                    problem=(
+                        f"weight_offset has shape {list(companions['weight_offset'].shape)} "
+                        f"but weight_scale has {list(raw_scale.shape)}"
+                    ),
+                    hint=REEXPORT,
+                )
+            offset = nonzero_or_none(offset)
+        return AffineDecoder(weight.name, weight.file, shape, scale, offset, inner)

@@ -1,0 +1,221 @@
+"""``sglang-mtp-dequant doctor`` on the real msmodelslim fixtures and on broken copies of them.
+
+The doctor must say what the plugin will do: every claim is checked against the real load
+(sglang's draft class, the real hook): "ok" checkpoints load, "error" ones are refused with
+the tensor the doctor named, and its "stock sglang" claims match sglang's unwrapped loader.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import DENSE_W8, fixture_dir
+from sglang_mtp_dequant.cli import main
+from sglang_mtp_dequant.doctor import STOCK_LOUD, STOCK_SILENT, STOCK_UNKNOWN, diagnose
+from sglang_mtp_dequant.errors import DraftWeightError
+
+Q35 = (*DENSE_W8, "q35moe_w8a8_dynamic", "q35_dense_float_mtp", "q35_dense_w4a8_dynamic")
+
+
+UNDECODED = "W8A8_MXFP8"  # a type sglang's modelslim knows and this plugin does not decode
+
+
+def undecoded_scheme_copy(copy_checkpoint) -> str:
+    """The W8A8_DYNAMIC fixture with its int8 MTP weights described as a scheme we do not
+    decode (stock sglang would copy their codes)."""
+    folder = copy_checkpoint("q35_dense_w8a8_dynamic")
+    path = os.path.join(folder, "quant_model_description.json")
+    with open(path) as handle:
+        desc = json.load(handle)
+    for name in int8_draft_weights(folder):
+        desc[name] = UNDECODED
+    os.chmod(path, 0o644)
+    with open(path, "w") as handle:
+        json.dump(desc, handle)
+    return folder
+
+
+def doctor_json(capsys, path: str) -> tuple[int, dict]:
+    code = main(["doctor", path, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def int8_draft_weights(folder: str) -> list[str]:
+    names = []
+    for path in glob.glob(os.path.join(folder, "*.safetensors")):
+        for name, tensor in load_file(path).items():
+            if name.startswith("mtp.") and tensor.dtype == torch.int8 and name.endswith(".weight"):
+                names.append(name)
+    return sorted(names)
+
+
+@pytest.mark.parametrize("name", (*DENSE_W8, "q35moe_w8a8_dynamic", "q35_dense_w4a8_dynamic"))
+def test_one_dequantize_per_int8_draft_weight_and_ok(capsys, name):
+    folder = fixture_dir(name)
+    code, report = doctor_json(capsys, folder)
+    assert code == 0 and report["verdict"] == "ok"
+    planned = sorted(t["name"] for t in report["tensors"] if t["action"] == "dequantize")
+    assert planned == int8_draft_weights(folder)
+    assert len(planned) == (15 if name.startswith("q35moe") else 7)
+    assert {t["action"] for t in report["tensors"]} == {"dequantize", "keep"}
+    for row in report["tensors"]:
+        assert set(row) >= {"name", "dtype", "shape", "scheme", "action", "reason"}
+        if row["action"] == "dequantize":
+            assert row["dtype"] == "int8" and row["scheme"] == row["description"]
+            packed = name == "q35_dense_w4a8_dynamic"  # two int4 codes per byte
+            assert row["stock"] == (STOCK_LOUD if packed else STOCK_SILENT)
+    assert report["draft_class"] == "Qwen3_5ForCausalLMMTP" and report["hooked"] is True
+    if name != "q35_dense_w4a8_dynamic":
+        assert "copies the integer codes of" in report["stock_sglang"]
+
+
+def test_float_mtp_checkpoint_is_ok_with_nothing_to_do(capsys):
+    code, report = doctor_json(capsys, fixture_dir("q35_dense_float_mtp"))
+    assert code == 0 and report["verdict"] == "ok"
+    assert report["counts"] == {"dequantize": 0, "keep": 15, "error": 0}
+    assert report["stock_sglang"].endswith("as the float it is: nothing to fix")
+
+
+def test_undecoded_scheme_is_an_error_naming_each_tensor(capsys, copy_checkpoint):
+    folder = undecoded_scheme_copy(copy_checkpoint)
+    code, report = doctor_json(capsys, folder)
+    assert code == 1 and report["verdict"] == "error"
+    errors = [t for t in report["tensors"] if t["action"] == "error"]
+    assert sorted(t["name"] for t in errors) == int8_draft_weights(folder)
+    for row in errors:
+        assert f"draft tensor {row['name']!r}" in row["reason"]
+        assert f"{UNDECODED}, a scheme this plugin does not decode" in row["reason"]
+        assert row["stock"] == STOCK_UNKNOWN
+
+
+def test_missing_scale_is_an_error_naming_the_tensor(capsys, copy_checkpoint):
+    folder = copy_checkpoint("q35_dense_w8a8_dynamic")
+    (path,) = glob.glob(os.path.join(folder, "*.safetensors"))
+    tensors = load_file(path)
+    del tensors["mtp.layers.0.mlp.up_proj.weight_scale"]
+    os.chmod(path, 0o644)
+    save_file(tensors, path, metadata={"format": "pt"})
+    index = os.path.join(folder, "quant_model_weights.safetensors.index.json")
+    os.chmod(index, 0o644)
+    os.remove(index)  # the index would otherwise (rightly) name the missing tensor's shard
+    code, report = doctor_json(capsys, folder)
+    assert code == 1 and report["verdict"] == "error"
+    (error,) = [t for t in report["tensors"] if t["action"] == "error"]
+    assert error["name"] == "mtp.layers.0.mlp.up_proj.weight"
+    assert "has no mtp.layers.0.mlp.up_proj.weight_scale" in error["reason"]
+    assert error["companions"] == ["mtp.layers.0.mlp.up_proj.weight_offset"]
+
+
+def test_quantized_types_stored_as_float_are_noted_and_left_to_the_guard(
+    capsys, copy_checkpoint, load_draft
+):
+    """Headers cannot tell dequantized-upstream weights from codes stored as floats: the doctor
+    keeps them and says so; the real load then stops on the guard (test_guard.py)."""
+    folder = copy_checkpoint("q35_dense_w8a8_dynamic")
+    (path,) = glob.glob(os.path.join(folder, "*.safetensors"))
+    tensors = load_file(path)
+    name = "mtp.layers.0.mlp.down_proj.weight"
+    tensors[name] = tensors[name].to(torch.bfloat16)
+    os.chmod(path, 0o644)
+    save_file(tensors, path, metadata={"format": "pt"})
+    code, report = doctor_json(capsys, folder)
+    assert code == 0 and report["counts"] == {"dequantize": 6, "keep": 9, "error": 0}
+    (row,) = [t for t in report["tensors"] if t["name"] == name]
+    assert row["action"] == "keep" and row["reason"].startswith("described as W8A8_DYNAMIC but")
+    assert report["notes"] == [
+        "1 tensor(s) are described as quantized but stored as float (e.g. "
+        f"{name}): passed to sglang as they are; the misload guard checks their values when "
+        "sglang loads them (codes stored as floats are refused)"
+    ]
+    with pytest.raises(DraftWeightError, match="model.layers.0.mlp.down_proj.weight"):
+        load_draft(folder)
+
+
+def test_checkpoint_without_draft_tensors_is_an_error(capsys):
+    code, report = doctor_json(capsys, fixture_dir("qwen3_v0_w4a16_per_channel"))
+    assert code == 1 and report["tensors"] == []
+    assert report["architecture"] == "Qwen3ForCausalLM" and report["hooked"] is False
+    assert any("holds no draft (MTP) tensors" in p for p in report["problems"])
+
+
+def test_not_a_folder_is_an_error(capsys, tmp_path):
+    code, report = doctor_json(capsys, str(tmp_path / "nope"))
+    assert code == 1 and report["verdict"] == "error"
+    assert any("is not a folder" in p for p in report["problems"])
+
+
+def test_corrupt_shard_is_an_error_naming_the_file(capsys, copy_checkpoint):
+    folder = copy_checkpoint("q35_dense_w8a8_dynamic")
+    (path,) = glob.glob(os.path.join(folder, "*.safetensors"))
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as handle:
+        handle.truncate(1000)
+    code, report = doctor_json(capsys, folder)
+    assert code == 1
+    (problem,) = report["problems"]
+    assert problem.startswith(f"sglang-mtp-dequant: {path}: is not a readable safetensors file")
+
+
+def test_human_output_is_a_table_with_the_verdict_last(capsys):
+    code = main(["doctor", fixture_dir("q35_dense_w8a8_static")])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert out[-1] == "verdict: ok - the plugin loads this draft as correct float weights"
+    header = next(line for line in out if line.startswith("name "))
+    assert header.split() == [
+        "name", "dtype", "shape", "type", "scheme", "companions", "action", "reason"
+    ]  # fmt: skip
+    row = next(line for line in out if line.startswith("mtp.layers.0.mlp.down_proj.weight "))
+    assert row.split()[:7] == [
+        "mtp.layers.0.mlp.down_proj.weight", "int8", "64x128", "W8A8", "W8A8",
+        "deq_scale,input_offset,input_scale,quant_bias", "dequantize",
+    ]  # fmt: skip
+
+
+def test_human_output_groups_refusals_with_what_to_do(capsys, copy_checkpoint):
+    assert main(["doctor", undecoded_scheme_copy(copy_checkpoint)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("verdict: error")
+    refused = [line for line in out if line.strip().startswith("refused (7):")]
+    assert len(refused) == 1
+    assert any(line.strip().startswith("what to do: serve the draft quantized") for line in out)
+
+
+def test_console_script_exit_code(copy_checkpoint):
+    """The installed entry point, as `make demo` runs it: an error verdict exits 1 (the ok
+    path's 0 and the JSON are checked in-process above)."""
+    script = os.path.join(os.path.dirname(sys.executable), "sglang-mtp-dequant")
+    bad = subprocess.run([script, "doctor", undecoded_scheme_copy(copy_checkpoint), "--json"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 1 and json.loads(bad.stdout)["verdict"] == "error"
+
+
+@pytest.mark.parametrize("name", Q35)
+def test_doctor_verdict_matches_the_real_load(load_draft, name):
+    """ok <=> sglang's draft loads through the hook; error <=> refused naming a doctor error."""
+    folder = fixture_dir(name)
+    report = diagnose(folder)
+    if report.verdict == "ok":
+        load_draft(folder)
+        return
+    with pytest.raises(DraftWeightError) as caught:
+        load_draft(folder)
+    named = {t.name for t in report.tensors if t.action == "error"}
+    assert caught.value.tensor in named
+
+
+def test_stock_claims_match_stock_sglang(load_draft):
+    """ "silent misload": stock holds codes (test_dense_schemes); "fails the shape check":
+    stock sglang's own loader stops."""
+    report = diagnose(fixture_dir("q35_dense_w4a8_dynamic"))
+    assert all(t.stock == STOCK_LOUD for t in report.tensors if t.dtype == "int8")
+    with pytest.raises(AssertionError, match="param_data.shape"):
+        load_draft(fixture_dir("q35_dense_w4a8_dynamic"), plugin=False)
