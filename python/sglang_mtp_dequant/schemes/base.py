@@ -193,6 +193,36 @@ def positive(weight: TensorInfo, values: torch.Tensor, what: str) -> torch.Tenso
     return values
 
 
+def scale_and_offset(
+    weight: TensorInfo,
+    shape: tuple[int, ...],
+    raw_scale: torch.Tensor,
+    companions: Mapping[str, torch.Tensor],
+    group_size: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The checked fp32 (rows, groups) ``weight_scale`` and ``weight_offset`` of an affine
+    scheme; the offset is None when absent or all zero."""
+    scale = positive(
+        weight,
+        per_row_groups(weight, shape, raw_scale, "weight_scale", group_size),
+        "weight_scale",
+    )
+    if "weight_offset" not in companions:
+        return scale, None
+    offset = per_row_groups(weight, shape, companions["weight_offset"], "weight_offset", group_size)
+    if offset.shape != scale.shape:
+        raise DraftWeightError(
+            tensor=weight.name,
+            file=weight.file,
+            problem=(
+                f"weight_offset has shape {list(companions['weight_offset'].shape)} "
+                f"but weight_scale has {list(raw_scale.shape)}"
+            ),
+            hint=REEXPORT,
+        )
+    return scale, nonzero_or_none(offset)
+
+
 def nonzero_or_none(offset: torch.Tensor) -> torch.Tensor | None:
     return offset if bool(offset.any()) else None
 

@@ -52,10 +52,10 @@ from .base import (
     REEXPORT,
     AffineDecoder,
     Scheme,
-    nonzero_or_none,
     per_row_groups,
     positive,
     require,
+    scale_and_offset,
 )
 
 #: the ``version`` msmodelslim's ascendv1 savers write; weights are packed two codes a byte
@@ -272,25 +272,5 @@ class W4A16Int4(Scheme):
             why = f"quant_model_description.json has no 'version': '{PACKED_VERSION}'"
             inner, logical = _OneCodePerByte(weight.name, weight.file, why), (out, cols)
         shape = (*weight.shape[:-2], *logical)
-        scale = positive(
-            weight,
-            per_row_groups(weight, shape, raw_scale, "weight_scale", group_size),
-            "weight_scale",
-        )
-        offset = None
-        if "weight_offset" in companions:
-            offset = per_row_groups(
-                weight, shape, companions["weight_offset"], "weight_offset", group_size
-            )
-            if offset.shape != scale.shape:
-                raise DraftWeightError(
-                    tensor=weight.name,
-                    file=weight.file,
-                    problem=(
-                        f"weight_offset has shape {list(companions['weight_offset'].shape)} "
-                        f"but weight_scale has {list(raw_scale.shape)}"
-                    ),
-                    hint=REEXPORT,
-                )
-            offset = nonzero_or_none(offset)
+        scale, offset = scale_and_offset(weight, shape, raw_scale, companions, group_size)
         return AffineDecoder(weight.name, weight.file, shape, scale, offset, inner)
