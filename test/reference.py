@@ -42,6 +42,8 @@ def dequantize_fp32(
     q = tensors[weight_name]
     if scheme in ("W8A8_DYNAMIC", "W8A16"):
         scale = expand_to(tensors[base + ".weight_scale"], q.shape)
+        if scheme == "W8A8_DYNAMIC" and base + ".weight_offset" not in tensors:
+            return q.float() * scale  # symmetric by definition: no offset means zero
         offset = expand_to(tensors[base + ".weight_offset"], q.shape)
         return (q.float() - offset) * scale
     if scheme == "W8A8":

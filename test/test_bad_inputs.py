@@ -137,3 +137,10 @@ def test_integer_draft_weight_with_no_plan_is_refused_in_the_stream():
     assert next(out)[0] == "mtp.fc.weight"
     with pytest.raises(DraftWeightError, match="q_proj.weight"):
         next(out)
+
+
+def test_asymmetric_w8a16_weight_without_offset(load_draft, copy_checkpoint):
+    """W8A16 offsets are nonzero: without one every weight would decode shifted."""
+    folder = copy_checkpoint("q35_dense_w8a16_asym")
+    path = edit_shard(folder, lambda t: t.pop(WEIGHT[: -len("weight")] + "weight_offset"))
+    expect_refusal(load_draft, folder, DraftWeightError, WEIGHT, path, "weight_offset")

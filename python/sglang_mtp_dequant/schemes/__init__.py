@@ -19,9 +19,10 @@ int4 schemes (``int4.py``) first unpack two codes a byte through the decoder's `
 
 from .base import AffineDecoder, Scheme, infer_type, known_types, register_scheme, scheme_for
 from .int4 import W4A8Dynamic, W4A16Int4
-from .int8 import AffineInt8, StaticInt8
+from .int8 import AffineInt8, AsymmetricInt8, StaticInt8
 
 register_scheme(AffineInt8())
+register_scheme(AsymmetricInt8())
 register_scheme(StaticInt8())
 register_scheme(W4A8Dynamic())
 register_scheme(W4A16Int4())
@@ -29,6 +30,7 @@ register_scheme(W4A16Int4())
 __all__ = [
     "AffineDecoder",
     "AffineInt8",
+    "AsymmetricInt8",
     "Scheme",
     "StaticInt8",
     "W4A8Dynamic",

@@ -18,20 +18,33 @@ from .base import (
 
 
 class AffineInt8(Scheme):
-    """W8A8_DYNAMIC and W8A16: int8 codes, ``weight_scale`` and ``weight_offset``.
+    """W8A8_DYNAMIC: int8 codes, ``weight_scale`` and ``weight_offset``.
 
-    Per channel (out, 1) or per group (out, in/G); W8A16 offsets can be nonzero (asymmetric).
+    Per channel (out, 1) or per group (out, in/G). The scheme is symmetric (msmodelslim writes
+    zero offsets), so a missing ``weight_offset`` means zero.
     """
 
-    types = ("W8A8_DYNAMIC", "W8A16")
+    types = ("W8A8_DYNAMIC",)
     reads = ("weight_scale", "weight_offset")
+    #: whether a missing weight_offset is an error (it is where offsets carry information)
+    offset_required = False
 
     def prepare(self, weight, companions, group_size, format_version=None):
         self._check_storage(weight, (torch.int8,))
         shape = self.logical_shape(weight)
         raw_scale = require(weight, companions, "weight_scale", self.types[0])
+        if self.offset_required:
+            require(weight, companions, "weight_offset", self.types[0])
         scale, offset = scale_and_offset(weight, shape, raw_scale, companions, group_size)
         return AffineDecoder(weight.name, weight.file, shape, scale, offset)
+
+
+class AsymmetricInt8(AffineInt8):
+    """W8A16: as W8A8_DYNAMIC, but asymmetric: the offsets are nonzero, so one that is missing
+    would decode every weight shifted, and is an error instead."""
+
+    types = ("W8A16",)
+    offset_required = True
 
 
 class StaticInt8(Scheme):
