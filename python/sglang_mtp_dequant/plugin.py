@@ -144,12 +144,15 @@ def checkpoint_paths() -> list[str]:
 def checkpoint_folder() -> str | None:
     """The local folder behind sglang's checkpoint path (a hub id resolves to its cache)."""
     for path in checkpoint_paths():
-        if os.path.isdir(path):
-            return path
-        local = _hub_snapshot(path)
+        local = local_folder(path)
         if local is not None:
             return local
     return None
+
+
+def local_folder(path: str) -> str | None:
+    """``path`` itself if it is a folder, else the local snapshot of the hub id ``path``."""
+    return path if os.path.isdir(path) else _hub_snapshot(path)
 
 
 def _hub_snapshot(repo_id: str) -> str | None:

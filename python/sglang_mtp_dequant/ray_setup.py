@@ -206,14 +206,14 @@ def draft_may_need_plugin(server_args: Any) -> bool:
     needing it (refusing a launch that would have worked is loud; the opposite is silent)."""
     if not getattr(server_args, "speculative_algorithm", None):
         return False
-    from .plugin import _hub_snapshot
+    from .plugin import local_folder
 
     path = getattr(server_args, "speculative_draft_model_path", None) or getattr(
         server_args, "model_path", None
     )
     if not path:
         return True
-    folder = path if os.path.isdir(path) else _hub_snapshot(path)
+    folder = local_folder(path)
     if folder is None:
         return True
     try:
