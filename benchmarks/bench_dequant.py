@@ -3,12 +3,14 @@
 Usage (``make bench`` runs the first line)::
 
     .venv/bin/python benchmarks/bench_dequant.py --json .cache/bench/results.json
-    .venv/bin/python benchmarks/bench_dequant.py --variants      # the decompress variants
+    .venv/bin/python benchmarks/bench_dequant.py --variants      # the torch path's variants
     .venv/bin/python benchmarks/bench_dequant.py --skip-load     # no sglang loads
+    .venv/bin/python benchmarks/bench_dequant.py --skip-load --busy 2   # on a loaded machine
 
 Sets of tensors (int8 codes, f32 per-row scales, zero offsets: W8A8_DYNAMIC as msmodelslim
 writes it), decoded with the plugin's own path (``AffineInt8().prepare`` -> ``AffineDecoder
-.decompress``, to bf16):
+.decompress``, to bf16: the numba kernel of ``schemes/fused_bf16.py``), and with its torch
+fallback (``decompress(..., fused=False)``, what runs where numba cannot) for comparison:
 
 - ``dense``: one Qwen3.5-27B MTP layer (hidden 5120, 24 heads x 256 gated q, 4 KV heads,
   intermediate 17408): q_proj 12288x5120, k/v_proj 1024x5120, o_proj 5120x6144,
@@ -17,17 +19,21 @@ writes it), decoded with the plugin's own path (``AffineInt8().prepare`` -> ``Af
   intermediate 512): q/k/v_proj and 3 x 256 expert projections, the parts the shipped MoE
   recipe quantizes once its ``mtp*`` exclude is removed (824 M codes in 771 tensors).
 
-Measured in one process, interleaved (cast, dequant, dequant, cast, ...), several repetitions,
-medians: wall time per set for ``q.to(torch.bfloat16)`` and for ``decompress``. Peak memory:
+Measured in one process, interleaved (cast, dequant, torch path, torch path, dequant, cast,
+...), several repetitions, medians: wall time per set for ``q.to(torch.bfloat16)`` and for
+each decoder. The kernel's one-time start-up (numba compiling it, and loading it from numba's
+disk cache in the next process) is measured in fresh child processes. Peak memory:
 each method runs in a fresh child process that streams the set like sglang's loader (one
 decoded tensor alive at a time); the kernel's peak-RSS counter gives the growth over the
 inputs, and "extra" is the dequant growth minus the cast growth (both make the same bf16
 output). Then, through sglang's real ``Qwen3_5ForCausalLMMTP.load_weights``: load time of a
 27B-shaped MTP checkpoint that needs nothing (all FLOAT) with and without the plugin hook, and
-of the W8A8_DYNAMIC one (stock: raw codes; plugin: dequantized).
+of the W8A8_DYNAMIC one (stock: raw codes; plugin: dequantized); then the W8A8_DYNAMIC load
+once per new process, where the kernel's start-up counts, against the torch path.
 
-Ends with ``dequant_vs_cast_ratio <R> peak_extra_mb <M>``: R is the larger of the two sets'
-median ratios, M the larger of their peak extras.
+Ends with ``dequant_vs_cast_ratio <R> peak_extra_mb <M>``: R is the largest median ratio over
+the two sets, timed at torch's default thread count and at one thread (what sglang's
+``ModelRunner.load_model`` sets on NPU/GPU), M the larger of the sets' peak extras.
 """
 
 from __future__ import annotations
@@ -113,7 +119,15 @@ def dequant(item: Item) -> torch.Tensor:
     return item.decoder.decompress(item.codes, torch.bfloat16)
 
 
-METHODS: dict[str, Callable[[Item], torch.Tensor]] = {"cast": cast, "dequant": dequant}
+def dequant_torch(item: Item) -> torch.Tensor:
+    return item.decoder.decompress(item.codes, torch.bfloat16, fused=False)
+
+
+METHODS: dict[str, Callable[[Item], torch.Tensor]] = {
+    "cast": cast,
+    "dequant": dequant,
+    "torch path": dequant_torch,
+}
 
 
 def time_sets(items_by_set: dict[str, list[Item]], reps: int) -> dict:
@@ -176,11 +190,50 @@ def peak_memory(set_name: str, method: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-# -- the decompress variants measured before choosing the shipped one ----------------------
+# -- the kernel's one-time start-up, in fresh processes ------------------------------------
+
+
+def child_start_up() -> None:
+    """(Child) seconds of the first bf16 decode in this process: numba compiles the kernel,
+    or loads it from its disk cache (``NUMBA_CACHE_DIR``, set by the parent)."""
+    item = make_items({"w": (64, 64)})[0]
+    t0 = time.perf_counter()
+    out = dequant(item)
+    first = time.perf_counter() - t0
+    assert torch.equal(out, dequant_torch(item))
+    print(json.dumps({"first_decode_s": first}))
+
+
+def kernel_start_up(cache: str) -> dict:
+    """First decode in a process with an empty numba cache, then in the next process."""
+    import shutil
+
+    cache_dir = os.path.join(cache, "numba-start-up")
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
+    seconds = {}
+    for label in ("compile", "cached"):
+        out = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--child-start-up"],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        seconds[label] = json.loads(out.stdout.strip().splitlines()[-1])["first_decode_s"]
+    print(
+        f"kernel start-up, once per process: {seconds['compile']:.2f} s with an empty numba "
+        f"cache (compiling), {seconds['cached']:.2f} s in the next process (numba's disk cache)"
+    )
+    return seconds
+
+
+# -- the torch-path variants measured before choosing its shipped body ---------------------
 
 
 def variant_functions() -> dict[str, Callable[[Item, int], torch.Tensor]]:
-    """Alternative bodies for ``AffineDecoder.decompress`` (per-row scale, no offset).
+    """Alternative bodies for the torch path of ``AffineDecoder.decompress`` (per-row scale,
+    no offset); the shipped bf16 path is the numba kernel, timed by the main run.
 
     Each must give the shipped method's bits exactly; ``--variants`` checks that.
     """
@@ -328,6 +381,7 @@ def config_27b() -> dict:
 def write_load_checkpoints(items: list[Item], cache: str) -> tuple[str, str]:
     """A 27B-shaped MTP checkpoint twice: all FLOAT (bf16), and W8A8_DYNAMIC as msmodelslim
     lays it out. Written once into ``cache`` (about 1.3 GB), reused afterwards."""
+    from accept.export import DESCRIPTION_GLOBALS, add_w8a8_dynamic
     from safetensors.torch import save_file
 
     float_dir = os.path.join(cache, "q35_27b_mtp_float")
@@ -361,21 +415,10 @@ def write_load_checkpoints(items: list[Item], cache: str) -> tuple[str, str]:
     quant = dict(small)
     description: dict = {name: "FLOAT" for name in small}
     for item in items:
+        scale = item.decoder.scale.contiguous()
         base = item.name[: -len(".weight")]
-        quant[item.name] = item.codes
-        quant[f"{base}.weight_scale"] = item.decoder.scale.contiguous()
-        quant[f"{base}.weight_offset"] = torch.zeros_like(item.decoder.scale)
-        for suffix in ("weight", "weight_scale", "weight_offset"):
-            description[f"{base}.{suffix}"] = "W8A8_DYNAMIC"
-    description.update(
-        {
-            "version": "1.0.0",
-            "model_quant_type": "W8A8_DYNAMIC",
-            "metadata": {},
-            "group_size": 0,
-            "optional": {},
-        }
-    )
+        add_w8a8_dynamic(quant, description, base, item.codes, scale, torch.zeros_like(scale))
+    description.update(DESCRIPTION_GLOBALS)
     shard = "quant_model_weights-00001-of-00001.safetensors"
     save_file(quant, os.path.join(quant_dir, shard), metadata={"format": "pt"})
     with open(os.path.join(quant_dir, "quant_model_description.json"), "w", encoding="utf-8") as h:
@@ -445,17 +488,105 @@ def loads_through_sglang(items: list[Item], cache: str, reps: int) -> dict:
     return {"seconds": seconds, "medians": med, "float_overhead_s": overhead, "plan_ms": plan_ms}
 
 
+def child_fresh_load(folder: str, when: str) -> None:
+    """(Child) one hooked ``load_weights`` of ``folder`` in a new process: what a scheduler
+    pays once. ``when`` the kernel warm-up starts: ``"draft"`` (as the draft load begins:
+    the worst case, nothing to hide it behind) or ``"target"`` (sglang's ``ModelRunner
+    .load_model`` BEFORE hook, speculative decoding on: the warm-up runs while the target
+    model loads; here it is waited for, since any real target load takes longer)."""
+    import logging
+    import threading
+
+    from sglang_mtp_dequant.cpu_sglang import CpuDraftBuilder, prepare_cpu_process, publish_context
+
+    logging.disable(logging.WARNING)
+    prepare_cpu_process(folder)
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    warm_up_s = 0.0
+    if when == "target":
+        from sglang_mtp_dequant.plugin import warm_up_before_model_load
+
+        eagle = {
+            "speculative_algorithm": "EAGLE",
+            "speculative_num_steps": 3,
+            "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": 4,
+        }
+        publish_context(folder, **eagle)
+        t0 = time.perf_counter()
+        warm_up_before_model_load()
+        for thread in threading.enumerate():
+            if thread.name == "mtp-dequant-warm-up":
+                thread.join()
+        warm_up_s = time.perf_counter() - t0
+    publish_context(folder)
+    builder = CpuDraftBuilder(folder)
+    model = builder.build_draft()
+    t0 = time.perf_counter()
+    type(model).load_weights(model, builder.weights())
+    print(json.dumps({"load_weights_s": time.perf_counter() - t0, "warm_up_s": warm_up_s}))
+
+
+def fresh_process_loads(quant_dir: str, reps: int) -> dict:
+    """The 27B-shaped W8A8_DYNAMIC MTP layer loaded once per new process: the kernel with its
+    warm-up started during the target load (what the plugin does) or only at the draft load
+    (the worst case), against the torch path (``NUMBA_DISABLE_JIT=1``: no numba at all)."""
+    modes = {
+        "kernel, warm-up during the target load": ("target", {}),
+        "kernel, warm-up at the draft load": ("draft", {}),
+        "torch path (NUMBA_DISABLE_JIT=1)": ("draft", {"NUMBA_DISABLE_JIT": "1"}),
+    }
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    for rep in range(reps):
+        for mode in modes if rep % 2 == 0 else list(reversed(modes)):
+            when, env = modes[mode]
+            out = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--child-fresh-load", quant_dir, when],
+                check=True,
+                capture_output=True,
+                text=True,
+                env=dict(os.environ, **env),
+            )
+            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    med = {m: statistics.median(r["load_weights_s"] for r in v) for m, v in runs.items()}
+    warm = statistics.median(r["warm_up_s"] for r in runs["kernel, warm-up during the target load"])
+    print(f"W8A8_DYNAMIC checkpoint, plugin, first load in a new process, medians of {reps}:")
+    print("| decoder | load_weights s |")
+    print("|---|---|")
+    for mode, value in med.items():
+        print(f"| {mode} | {value:.3f} |")
+    print(f"(the warm-up itself, off the load's path: {warm:.2f} s)")
+    return {"runs": runs, "medians": med, "warm_up_s": warm}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--json", default=None)
     parser.add_argument("--variants", action="store_true")
     parser.add_argument("--skip-load", action="store_true")
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep N other processes spinning on the CPUs while timing (a loaded machine)",
+    )
     parser.add_argument("--cache", default=os.path.join(REPO, ".cache", "bench"))
     parser.add_argument("--child-peak", nargs=2, metavar=("SET", "METHOD"))
+    parser.add_argument("--child-start-up", action="store_true")
+    parser.add_argument("--child-fresh-load", nargs=2, metavar=("FOLDER", "WARM_UP_AT"))
     args = parser.parse_args()
+    if args.child_fresh_load:
+        child_fresh_load(*args.child_fresh_load)
+        return 0
     if args.child_peak:
         child_peak(*args.child_peak)
+        return 0
+    if args.child_start_up:
+        child_start_up()
         return 0
     if args.variants:
         run_variants(args.reps)
@@ -468,56 +599,75 @@ def main() -> int:
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, "
         f"load average {load_before:.1f}"
     )
+    start_up = kernel_start_up(args.cache)
+    busy = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)
+    ]
+    if busy:
+        print(f"{len(busy)} busy-looping processes share the CPUs while timing")
     items_by_set = {name: make_items(shapes) for name, shapes in SETS.items()}
     for name, items in items_by_set.items():
         codes = sum(i.codes.numel() for i in items)
         print(f"set {name}: {len(items)} tensors, {codes / 1e6:.0f} M int8 codes")
-    timings = time_sets(items_by_set, args.reps)
     memory = {s: {m: peak_memory(s, m) for m in METHODS} for s in SETS}
-    record: dict = {"reps": args.reps, "sets": {}}
-    print()
-    print(
-        "| set | cast ms | dequant ms | ratio | dequant GB/s of codes | peak growth cast MB "
-        "| peak growth dequant MB | extra MB |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
+    record: dict = {"reps": args.reps, "sets": {}, "kernel_start_up_s": start_up}
     ratios, extras = [], []
-    for name, items in items_by_set.items():
-        t = timings[name]
-        cast_ms = statistics.median(t["cast"]["wall"]) * 1000
-        deq_ms = statistics.median(t["dequant"]["wall"]) * 1000
-        ratio = deq_ms / cast_ms
-        codes = sum(i.codes.numel() for i in items)
-        growth_cast = memory[name]["cast"]["growth"] / MIB
-        growth_deq = memory[name]["dequant"]["growth"] / MIB
-        extra = growth_deq - growth_cast
-        ratios.append(ratio)
-        extras.append(extra)
+    default_threads = torch.get_num_threads()
+    # torch's default, then one thread: what sglang's ModelRunner.load_model sets on NPU/GPU
+    for threads in sorted({default_threads, 1}, reverse=True):
+        torch.set_num_threads(threads)
+        timings = time_sets(items_by_set, args.reps)
+        print()
+        print(f"{threads} thread(s):")
         print(
-            f"| {name} | {cast_ms:.0f} | {deq_ms:.0f} | {ratio:.2f} | {codes / deq_ms / 1e6:.2f} "
-            f"| {growth_cast:.0f} | {growth_deq:.0f} | {extra:.1f} |"
+            "| set | cast ms | dequant ms | ratio | torch path ms | torch path ratio "
+            "| peak growth cast MB | peak growth dequant MB | extra MB |"
         )
-        record["sets"][name] = {
-            "tensors": len(items),
-            "codes": codes,
-            "cast_ms_median": cast_ms,
-            "dequant_ms_median": deq_ms,
-            "ratio": ratio,
-            "wall_s": t,
-            "memory": memory[name],
-            "extra_mb": extra,
-        }
+        print("|---|---|---|---|---|---|---|---|---|")
+        for name, items in items_by_set.items():
+            t = timings[name]
+            cast_ms = statistics.median(t["cast"]["wall"]) * 1000
+            deq_ms = statistics.median(t["dequant"]["wall"]) * 1000
+            torch_ms = statistics.median(t["torch path"]["wall"]) * 1000
+            ratio = deq_ms / cast_ms
+            growth_cast = memory[name]["cast"]["growth"] / MIB
+            growth_deq = memory[name]["dequant"]["growth"] / MIB
+            extra = growth_deq - growth_cast
+            ratios.append(ratio)
+            extras.append(extra)
+            print(
+                f"| {name} | {cast_ms:.0f} | {deq_ms:.0f} | {ratio:.2f} | {torch_ms:.0f} "
+                f"| {torch_ms / cast_ms:.2f} | {growth_cast:.0f} | {growth_deq:.0f} "
+                f"| {extra:.1f} |"
+            )
+            record["sets"][f"{name}, {threads} thread(s)"] = {
+                "tensors": len(items),
+                "codes": sum(i.codes.numel() for i in items),
+                "cast_ms_median": cast_ms,
+                "dequant_ms_median": deq_ms,
+                "torch_path_ms_median": torch_ms,
+                "ratio": ratio,
+                "wall_s": t,
+                "memory": memory[name],
+                "extra_mb": extra,
+            }
+    torch.set_num_threads(default_threads)
+    for process in busy:
+        process.kill()
+        process.wait()
     print(
-        f"medians of {args.reps} interleaved repetitions; peak growth: RSS high-water mark over "
-        "the inputs while streaming the set, one output alive at a time"
+        f"medians of {args.reps} interleaved repetitions; peak growth (torch's default threads): "
+        "RSS high-water mark over the inputs while streaming the set, one output alive at a time"
     )
     if not args.skip_load:
         record["loads"] = loads_through_sglang(items_by_set["dense"], args.cache, args.reps)
+        quant_dir = write_load_checkpoints(items_by_set["dense"], args.cache)[1]
+        record["fresh_loads"] = fresh_process_loads(quant_dir, min(args.reps, 3))
+    record["load_average"] = [load_before, os.getloadavg()[0]]
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(record, handle, indent=2)
-    record["load_average"] = [load_before, os.getloadavg()[0]]
     print(f"total {time.perf_counter() - started:.0f} s, load average now {os.getloadavg()[0]:.1f}")
     print(f"dequant_vs_cast_ratio {max(ratios):.2f} peak_extra_mb {max(extras):.1f}")
     return 0

@@ -102,33 +102,36 @@ def quantize_w8a8_dynamic(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     )
 
 
+#: the description's global entries msmodelslim 26.1.0's ascendv1 saver writes for W8A8_DYNAMIC
+DESCRIPTION_GLOBALS = {
+    "version": "1.0.0",
+    "model_quant_type": "W8A8_DYNAMIC",
+    "metadata": {},
+    "group_size": 0,
+    "optional": {},
+}
+
+
+def add_w8a8_dynamic(tensors: dict, description: dict, base: str, codes, scale, offset) -> None:
+    """One W8A8_DYNAMIC linear ``base``: its codes and companions, each described as such."""
+    for suffix, tensor in (("weight", codes), ("weight_scale", scale), ("weight_offset", offset)):
+        tensors[f"{base}.{suffix}"] = tensor
+        description[f"{base}.{suffix}"] = "W8A8_DYNAMIC"
+
+
 def modelslim_tensors(float_tensors: dict) -> tuple[dict, dict]:
     """(tensors, description) of the W8A8_DYNAMIC export of a float checkpoint's tensors."""
     tensors: dict[str, torch.Tensor] = {}
     description: dict[str, object] = {}
     for name, value in float_tensors.items():
         if is_quantized_linear(name, value):
-            base = name[: -len(".weight")]
-            codes, scale, offset = quantize_w8a8_dynamic(value)
-            for suffix, tensor in (
-                ("weight", codes),
-                ("weight_scale", scale),
-                ("weight_offset", offset),
-            ):
-                tensors[f"{base}.{suffix}"] = tensor
-                description[f"{base}.{suffix}"] = "W8A8_DYNAMIC"
+            add_w8a8_dynamic(
+                tensors, description, name[: -len(".weight")], *quantize_w8a8_dynamic(value)
+            )
         else:
             tensors[name] = value
             description[name] = "FLOAT"
-    description.update(
-        {
-            "version": "1.0.0",
-            "model_quant_type": "W8A8_DYNAMIC",
-            "metadata": {},
-            "group_size": 0,
-            "optional": {},
-        }
-    )
+    description.update(DESCRIPTION_GLOBALS)
     return tensors, description
 
 

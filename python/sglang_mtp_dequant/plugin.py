@@ -15,7 +15,9 @@ transformed stream (``stream.py``). With a quant config, or with nothing quantiz
 draft, sglang's loading is what it would be without the plugin. After sglang's own loading,
 the guard (``guard.py``) refuses a draft whose float parameters still hold integer codes,
 whatever the format. ``register`` also arms the Ray launch check (``ray_setup.py``), since
-sglang's Ray actors never load plugins themselves.
+sglang's Ray actors never load plugins themselves, and puts a BEFORE hook on
+``ModelRunner.load_model`` that starts the bf16 kernel's warm-up (``schemes/fused_bf16.py``)
+while the target model loads, when the draft will need it.
 
 sglang's plugin loader only logs exceptions, so a hook target that does not exist (another
 sglang version) is reported here with a WARNING naming it and the sglang version.
@@ -31,10 +33,12 @@ from collections.abc import Callable
 from typing import Any
 
 from .checkpoint import Checkpoint
+from .doctor import diagnose
 from .drafts import DRAFT_SPECS, DraftSpec, draft_dtype
 from .guard import check_loaded_draft
 from .plan import DequantPlan
 from .ray_setup import register_launch_guard
+from .schemes import fused_bf16
 from .stream import DequantizingStream
 
 logger = logging.getLogger("sglang_mtp_dequant")
@@ -68,6 +72,51 @@ def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
     # sglang's Ray SchedulerActor never calls load_plugins(): activate it there, or refuse the
     # launch (ray_setup.py); registers nothing where Ray is not installed
     register_launch_guard()
+    register_kernel_warm_up()
+
+
+#: runs before every model load of a scheduler process: the target's first, the draft's later
+WARM_UP_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
+
+
+def register_kernel_warm_up() -> None:
+    """BEFORE hook on ``ModelRunner.load_model`` that starts the kernel warm-up early.
+
+    Optional: without it the warm-up starts when the draft load does, and the first decode
+    waits for it (about a second). So a missing target is logged at DEBUG, not WARNING.
+    """
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if WARM_UP_TARGET in _registered:
+        return
+    try:
+        pkgutil.resolve_name(WARM_UP_TARGET)
+    except Exception as exc:  # noqa: BLE001 - any failure: just no early warm-up
+        logger.debug("sglang-mtp-dequant: no early kernel warm-up (%s: %s)", WARM_UP_TARGET, exc)
+        return
+    HookRegistry.register(WARM_UP_TARGET, warm_up_before_model_load, HookType.BEFORE)
+    _registered.add(WARM_UP_TARGET)
+
+
+def warm_up_before_model_load(*_args: Any, **_kwargs: Any) -> None:
+    """Start the kernel warm-up if this process will decode a quantized draft; changes nothing
+    of the load (returns None: sglang keeps the arguments). The check (speculative decoding on,
+    and the draft checkpoint holds draft weights to dequantize: doctor's diagnosis, headers
+    only) runs in the warm-up thread."""
+    fused_bf16.warm_up(when=draft_needs_dequantization)
+
+
+def draft_needs_dequantization() -> bool:
+    """Whether the draft sglang will load has weights the plugin would dequantize."""
+    try:
+        from sglang.srt.runtime_context import get_spec
+
+        if not get_spec().speculative_algorithm:
+            return False
+    except Exception:  # noqa: BLE001 - context not published: not a scheduler's model load
+        return False
+    folder = checkpoint_folder()
+    return folder is not None and diagnose(folder).counts()["dequantize"] > 0
 
 
 def registered_targets() -> frozenset[str]:

@@ -30,6 +30,7 @@ import torch
 
 from .errors import DraftWeightError
 from .plan import DequantPlan
+from .schemes import fused_bf16
 
 Weights = Iterable[tuple[str, torch.Tensor]]
 
@@ -67,6 +68,8 @@ class DequantizingStream:
     def apply(self, weights: Weights) -> Iterator[tuple[str, torch.Tensor]]:
         entries = self.plan.to_dequantize if self.plan is not None else {}
         consumed = self.plan.consumed if self.plan is not None else set()
+        if entries and self.dtype == torch.bfloat16:
+            fused_bf16.warm_up()  # ready while the rest of the checkpoint streams by
         for name, tensor in weights:
             self._note_streamed(name, tensor)
             entry = entries.get(name)

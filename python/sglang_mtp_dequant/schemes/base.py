@@ -10,6 +10,7 @@ import torch
 
 from ..checkpoint import TensorInfo
 from ..errors import DraftWeightError
+from . import fused_bf16
 
 # Rows are decoded in blocks of about this many elements: the fp32 buffer (1 MiB) stays in
 # cache whatever the tensor size. Chosen by measurement (benchmarks/bench_dequant.py
@@ -37,7 +38,12 @@ class AffineDecoder:
     offset: torch.Tensor | None
     unpack: Callable[[torch.Tensor], torch.Tensor] | None = None
 
-    def decompress(self, codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def decompress(
+        self, codes: torch.Tensor, dtype: torch.dtype, *, fused: bool = True
+    ) -> torch.Tensor:
+        """The float weight, rounded once to ``dtype``. bf16 goes through the one-pass kernel
+        (``fused_bf16``) unless ``fused`` is False or the kernel cannot run here; every other
+        dtype, and that fallback, through eager torch. Both give the same bits."""
         q = self.unpack(codes) if self.unpack is not None else codes
         if tuple(q.shape) != self.shape:
             raise DraftWeightError(
@@ -49,6 +55,15 @@ class AffineDecoder:
         in_features = self.shape[-1]
         rows = q.numel() // in_features if in_features else 0
         flat = q.reshape(rows, in_features)
+        if fused and dtype == torch.bfloat16:  # every sglang draft on Ascend
+            out = fused_bf16.decode(flat, self.scale, self.offset)
+            if out is not None:
+                return out.view(self.shape)
+        return self._decompress_torch(flat, dtype).view(self.shape)
+
+    def _decompress_torch(self, flat: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Eager torch, any float ``dtype``: three passes per block of rows (see the constant)."""
+        rows, in_features = flat.shape
         out = torch.empty((rows, in_features), dtype=dtype)
         groups = self.scale.shape[1]
         group_width = in_features // groups
@@ -69,7 +84,7 @@ class AffineDecoder:
             grouped.mul_(self.scale[r0:r1, :, None])
             if not direct:
                 out[r0:r1].copy_(work)  # the one rounding, to the draft's dtype
-        return out.view(self.shape)
+        return out
 
 
 class Scheme:
