@@ -600,9 +600,7 @@ def main() -> int:
         f"load average {load_before:.1f}"
     )
     start_up = kernel_start_up(args.cache)
-    busy = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)
-    ]
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     if busy:
         print(f"{len(busy)} busy-looping processes share the CPUs while timing")
     items_by_set = {name: make_items(shapes) for name, shapes in SETS.items()}
