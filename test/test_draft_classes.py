@@ -41,6 +41,7 @@ HOOKED_CLASSES = {
     f"{MODELS}.glm4_moe_nextn.Glm4MoeForCausalLMNextN",
     f"{MODELS}.glm4_moe_lite_nextn.Glm4MoeLiteForCausalLMNextN",
     f"{MODELS}.deepseek_nextn.DeepseekV3ForCausalLMNextN",
+    f"{MODELS}.glm5_next_nextn.Glm5NextForConditionalGenerationNextN",
 }
 INHERITING_CLASSES = {f"{MODELS}.qwen4_exp_mtp.Qwen4ExpForCausalLMMTP"}
 
@@ -162,10 +163,14 @@ def qwen3_moe_checkpoint() -> Layout:
     return ckpt
 
 
-def nextn_checkpoint(layer_id: int, mla: bool) -> Layout:
-    """DeepSeek-V3 / GLM NextN: the draft is ``model.layers.<num_hidden_layers>``."""
+def nextn_checkpoint(
+    layer_id: int, mla: bool, layers: str = "model.layers", nope: int = 16, rope: int = 16
+) -> Layout:
+    """DeepSeek-V3 / GLM NextN: the draft is ``<layers>.<num_hidden_layers>`` (``layers``
+    is ``model.language_model.layers`` in GLM-5-Next's multimodal naming; its attention has
+    no rotary part: ``nope`` 32, ``rope`` 0)."""
     ckpt = new_layout()
-    layer = f"model.layers.{layer_id}"
+    layer = f"{layers}.{layer_id}"
     ckpt.float(f"{layer}.eh_proj.weight", 64, 128)
     for norm in (
         "enorm",
@@ -176,11 +181,11 @@ def nextn_checkpoint(layer_id: int, mla: bool) -> Layout:
     ):
         ckpt.float(f"{layer}.{norm}.weight", 64, around=1.0)
     attn = f"{layer}.self_attn"
-    if mla:  # q_lora_rank 64, kv_lora_rank 64, 4 heads of nope 16 + rope 16, v 16
+    if mla:  # q_lora_rank 64, kv_lora_rank 64, 4 heads of nope + rope, v 16
         ckpt.quantized(f"{attn}.q_a_proj", 64, 64)
-        ckpt.quantized(f"{attn}.kv_a_proj_with_mqa", 80, 64)
-        ckpt.quantized(f"{attn}.q_b_proj", 128, 64)
-        ckpt.quantized(f"{attn}.kv_b_proj", 128, 64)
+        ckpt.quantized(f"{attn}.kv_a_proj_with_mqa", 64 + rope, 64)
+        ckpt.quantized(f"{attn}.q_b_proj", 4 * (nope + rope), 64)
+        ckpt.quantized(f"{attn}.kv_b_proj", 4 * (nope + 16), 64)
         ckpt.quantized(f"{attn}.o_proj", 64, 64)
         ckpt.float(f"{attn}.q_a_layernorm.weight", 64, around=1.0)
         ckpt.float(f"{attn}.kv_a_layernorm.weight", 64, around=1.0)
@@ -279,6 +284,12 @@ def qwen3_moe_config():
     )  # fmt: skip
 
 
+YARN = {
+    "type": "yarn", "rope_type": "yarn", "factor": 1.0, "beta_fast": 32, "beta_slow": 1,
+    "original_max_position_embeddings": 2048, "mscale": 1.0, "mscale_all_dim": 1.0,
+}  # fmt: skip
+
+
 def nextn_config(kind: str):
     import transformers
 
@@ -299,17 +310,37 @@ def nextn_config(kind: str):
         )  # fmt: skip
     if kind == "glm4_lite":
         return transformers.Glm4MoeLiteConfig(**common, **mla)
-    yarn = {
-        "type": "yarn", "rope_type": "yarn", "factor": 1.0, "beta_fast": 32, "beta_slow": 1,
-        "original_max_position_embeddings": 2048, "mscale": 1.0, "mscale_all_dim": 1.0,
-    }  # fmt: skip
     config = transformers.DeepseekV3Config(
-        **common, **mla, rope_scaling=yarn, max_position_embeddings=2048
+        **common, **mla, rope_scaling=dict(YARN), max_position_embeddings=2048
     )
     # sglang reads DeepSeek keys transformers' class no longer defines
     config.topk_method, config.moe_layer_freq = "noaux_tc", 1
     config.scoring_func, config.norm_topk_prob, config.routed_scaling_factor = "sigmoid", True, 1.0
     return config
+
+
+def glm5_next_config():
+    """sglang's own Glm5NextConfig, its text config shaped like the DeepSeek case's."""
+    from sglang.srt.configs.glm5_next import Glm5NextConfig
+
+    deepseek = nextn_config("deepseek")
+    keys = (
+        "vocab_size hidden_size num_hidden_layers num_attention_heads n_routed_experts "
+        "num_experts_per_tok moe_intermediate_size n_shared_experts first_k_dense_replace "
+        "num_nextn_predict_layers n_group topk_group q_lora_rank kv_lora_rank "
+        "qk_nope_head_dim qk_rope_head_dim v_head_dim num_key_value_heads "
+        "max_position_embeddings"
+    ).split()
+    text = {k: getattr(deepseek, k) for k in keys}
+    text.update(qk_nope_head_dim=32, qk_rope_head_dim=0)  # GLM-5-Next's DSA layers are NoPE
+    # config.json is read back by sglang (through transformers' strict validation), which
+    # refuses the class's own None defaults for the indexer sizes
+    strict = {
+        "index_topk": 16, "index_head_dim": 16, "index_n_heads": 1, "head_dim": 32,
+        "swiglu_limit": 10.0, "linear_lower_bound": 0.0, "gate_lower_bound": 0.0,
+        "index_topk_pattern": "", "index_skip_topk_offset": 0,
+    }  # fmt: skip
+    return Glm5NextConfig(text_config={**text, **strict, "rope_scaling": dict(YARN)})
 
 
 # -- the cases -------------------------------------------------------------------------------
@@ -437,6 +468,16 @@ CASES = {
         KeyError,  # 'model.decoder.mlp.shared_experts.gate_up_proj.weight_offset'
         20,
         "DeepseekV3ForCausalLM",
+    ),
+    "glm5_next": Case(
+        f"{MODELS}.glm5_next_nextn.Glm5NextForConditionalGenerationNextN",
+        glm5_next_config,
+        lambda: nextn_checkpoint(2, True, "model.language_model.layers", nope=32, rope=0),
+        nextn_params("model.language_model.layers.2", mla=True),
+        ("model.language_model.layers.2.mlp.experts", "model.decoder.mlp.experts"),
+        None,
+        20,
+        "Glm5NextForConditionalGeneration",
     ),
 }
 

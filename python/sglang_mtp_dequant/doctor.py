@@ -45,6 +45,7 @@ class TensorRow:
     stock: str
     problem: str = ""  # the short form of an error reason, for the table
     hint: str = ""  # what to do about an error, for the grouped notes under the table
+    integer: bool = False  # the header's dtype is an integer type (TensorInfo.is_integer)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -132,7 +133,7 @@ def diagnose(folder: str) -> Diagnosis:
             "the checkpoint holds no draft (MTP) tensors: sglang's draft would keep "
             "uninitialised weights; use a checkpoint that includes the MTP layers"
         )
-    integer = [t for t in report.tensors if _is_integer_dtype(t.dtype)]
+    integer = [t for t in report.tensors if t.integer]
     if integer and spec is None:
         report.problems.append(
             f"{len(integer)} draft tensors hold integer codes, but this plugin hooks no draft "
@@ -193,10 +194,6 @@ def _draft_spec(report: Diagnosis, config: dict[str, Any]) -> DraftSpec | None:
     return None
 
 
-def _is_integer_dtype(name: str) -> bool:
-    return name.startswith(("int", "uint"))
-
-
 STOCK_SILENT = "copies the raw integer codes into a float parameter: silent misload"
 STOCK_LOUD = "fails sglang's shape check (packed int4 codes): the load stops"
 STOCK_UNKNOWN = (
@@ -229,6 +226,7 @@ def _row(entry: PlannedTensor) -> TensorRow:
         stock=_stock_for(entry),
         problem=entry.error.problem if entry.error is not None else "",
         hint=entry.error.hint if entry.error is not None else "",
+        integer=info.is_integer,
     )
 
 
@@ -255,6 +253,7 @@ def _orphan_row(info: TensorInfo, described: str | None, weight: str) -> TensorR
         action="keep",
         reason=f"companion of {weight}, which the checkpoint does not hold; passed to sglang",
         stock="passed to sglang (skipped or warned about by name)",
+        integer=info.is_integer,
     )
 
 

@@ -76,6 +76,20 @@ def nextn_layer(model_or_config: object) -> Callable[[str], bool]:
     return lambda name: name.startswith(prefix)
 
 
+def nextn_layer_multimodal(model_or_config: object) -> Callable[[str], bool]:
+    """GLM-5-Next NextN: the layer after the last decoder layer, under either naming.
+
+    ``Glm5NextForConditionalGenerationNextN.load_weights`` keeps ``model.layers.<n>.`` and
+    ``model.language_model.layers.<n>.`` with ``n`` the text config's ``num_hidden_layers``
+    (no single-layer special case, unlike ``nextn_layer``), and drops every other name.
+    """
+    layers = _config_value(model_or_config, "num_hidden_layers")
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+        return lambda name: False
+    prefixes = (f"model.layers.{layers}.", f"model.language_model.layers.{layers}.")
+    return lambda name: name.startswith(prefixes)
+
+
 def _config_value(model_or_config: object, key: str) -> object:
     if isinstance(model_or_config, dict):
         if key in model_or_config:
@@ -123,6 +137,13 @@ DRAFT_SPECS: tuple[DraftSpec, ...] = (
         target=f"{_MODELS}.glm4_moe_lite_nextn.Glm4MoeLiteForCausalLMNextN.load_weights",
         architectures=("Glm4MoeLiteForCausalLM",),
         name_rule=nextn_layer,
+    ),
+    DraftSpec(
+        # a DeepseekV3ForCausalLMNextN subclass whose own load_weights never calls super():
+        # hooked by itself, so the DeepSeek hook below does not see it
+        target=f"{_MODELS}.glm5_next_nextn.Glm5NextForConditionalGenerationNextN.load_weights",
+        architectures=("Glm5NextForConditionalGeneration",),
+        name_rule=nextn_layer_multimodal,
     ),
     DraftSpec(
         # GLM-5's GlmMoeDsaForCausalLMNextN overrides load_weights but ends in
