@@ -69,7 +69,7 @@ class DequantizingStream:
         entries = self.plan.to_dequantize if self.plan is not None else {}
         consumed = self.plan.consumed if self.plan is not None else set()
         if entries and self.dtype == torch.bfloat16:
-            fused_bf16.warm_up()  # ready while the rest of the checkpoint streams by
+            fused_bf16.warm_up()  # a no-op when the target load already started it
         for name, tensor in weights:
             self._note_streamed(name, tensor)
             entry = entries.get(name)
