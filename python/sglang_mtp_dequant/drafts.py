@@ -69,8 +69,8 @@ def nextn_layer(model_or_config: object) -> Callable[[str], bool]:
     Works on a built draft (``model.config``) and on a ``config.json`` dict (the doctor); a
     config without ``num_hidden_layers`` selects nothing.
     """
-    layers = _config_value(model_or_config, "num_hidden_layers")
-    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+    layers = _decoder_layers(model_or_config)
+    if layers is None:
         return lambda name: False
     prefix = f"model.layers.{0 if layers == 1 else layers}."
     return lambda name: name.startswith(prefix)
@@ -83,11 +83,19 @@ def nextn_layer_multimodal(model_or_config: object) -> Callable[[str], bool]:
     ``model.language_model.layers.<n>.`` with ``n`` the text config's ``num_hidden_layers``
     (no single-layer special case, unlike ``nextn_layer``), and drops every other name.
     """
-    layers = _config_value(model_or_config, "num_hidden_layers")
-    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+    layers = _decoder_layers(model_or_config)
+    if layers is None:
         return lambda name: False
     prefixes = (f"model.layers.{layers}.", f"model.language_model.layers.{layers}.")
     return lambda name: name.startswith(prefixes)
+
+
+def _decoder_layers(model_or_config: object) -> int | None:
+    """The config's ``num_hidden_layers`` when it is a positive int, else None."""
+    layers = _config_value(model_or_config, "num_hidden_layers")
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+        return None
+    return layers
 
 
 def _config_value(model_or_config: object, key: str) -> object:
