@@ -101,8 +101,8 @@ def register_kernel_warm_up() -> None:
 def warm_up_before_model_load(*_args: Any, **_kwargs: Any) -> None:
     """Start the kernel warm-up if this process will decode a quantized draft; changes nothing
     of the load (returns None: sglang keeps the arguments). The check (speculative decoding on,
-    and the draft checkpoint holds draft weights to dequantize: doctor's diagnosis, headers
-    only) runs in the warm-up thread."""
+    and the draft checkpoint holds draft weights to dequantize: doctor's diagnosis: headers
+    and the small scale tensors, never a weight) runs in the warm-up thread."""
     fused_bf16.warm_up(when=draft_needs_dequantization)
 
 
