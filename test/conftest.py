@@ -45,7 +45,7 @@ def sglang_cpu():
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
-    from sglang_mtp_dequant.plugin import registered_targets
+    from sglang_mtp_dequant.context import registered_targets
 
     target = "sglang.srt.models.qwen3_5_mtp.Qwen3_5ForCausalLMMTP.load_weights"
     assert target in registered_targets(), "load_plugins() did not run this package's register()"
@@ -54,31 +54,51 @@ def sglang_cpu():
 
 @pytest.fixture
 def load_draft(sglang_cpu, caplog):
-    """Build the real draft for a checkpoint folder and load it, with or without the plugin.
+    """Build the real draft for a checkpoint and load it through sglang's DefaultModelLoader,
+    with or without the plugin, as a draft worker does.
 
-    ``plugin=False`` calls sglang's own, unwrapped ``load_weights`` (``__wrapped__`` of the
-    hook): exactly what stock sglang does.
+    ``folder`` is the checkpoint's ``--model-path`` (a folder, or a hub id in the cache), the
+    other keywords sglang's server arguments of the same names. ``plugin=False`` calls
+    sglang's own, unwrapped ``load_weights`` (``__wrapped__`` of the hook): exactly what stock
+    sglang does.
     """
-    from sglang_mtp_dequant.cpu_sglang import CpuDraftBuilder, publish_context
+    from sglang_mtp_dequant.cpu_sglang import (
+        build_draft,
+        draft_model_config,
+        publish_context,
+        sglang_weights,
+    )
 
     caplog.set_level(logging.INFO)
 
-    def load(folder, *, plugin=True, draft_path=None, target_path=None, files=None, dtype=None):
-        import torch
-
-        from sglang_mtp_dequant.cpu_sglang import safetensors_stream, weight_files
-
-        publish_context(target_path or folder, draft_path)
-        builder = CpuDraftBuilder(folder, dtype=dtype or torch.bfloat16)
-        model = builder.build_draft()
-        stream = safetensors_stream(files if files is not None else weight_files(folder))
+    def load(
+        folder,
+        *,
+        plugin=True,
+        draft_path=None,
+        target_path=None,
+        download_dir=None,
+        revision=None,
+        dtype="auto",
+    ):
+        publish_context(target_path or folder, draft_path, download_dir=download_dir, dtype=dtype)
+        config = draft_model_config(draft_path or folder, revision=revision)
+        model = build_draft(config)
         method = type(model).load_weights
         if not plugin:
             method = method.__wrapped__
-        method(model, stream)
+        method(model, sglang_weights(config, model, download_dir=download_dir))
         return model
 
     return load
+
+
+def open_checkpoint(folder: str, wanted=lambda name: "mtp" in name):
+    """The plan's view of a checkpoint folder: the files sglang resolves for it, headers."""
+    from sglang_mtp_dequant.checkpoint import Checkpoint
+    from sglang_mtp_dequant.sources import resolve_offline
+
+    return Checkpoint.open(resolve_offline(folder), wanted=wanted)
 
 
 @pytest.fixture

@@ -1,11 +1,15 @@
 """Every dense W8 scheme msmodelslim writes, loaded through sglang's own draft class.
 
-For each fixture: every draft projection equals bf16 of the fp32 ``(q - offset) * scale`` bit
-for bit, lies within the quantization error of the original float weights, and the same load
+For each fixture: every draft projection equals the fp32 ``(q - offset) * scale`` rounded once
+to the draft's dtype (the one sglang's ``--dtype auto`` picks: bf16, or fp16 for the fixture whose
+config says float32: the per-group and W8A16 ones) bit for bit, lies within the quantization error of the original float weights, and the same load
 without the plugin (stock sglang) holds the raw integer codes.
 """
 
 from __future__ import annotations
+
+import json
+import os
 
 import pytest
 import torch
@@ -13,6 +17,11 @@ from safetensors.torch import load_file
 
 from conftest import DENSE_W8, fixture_dir, reference_file
 from reference import DENSE_PROJECTIONS, dequantize_fp32, description, load_all, quantization_step
+
+
+def config_dtype(folder: str) -> str:
+    with open(os.path.join(folder, "config.json")) as handle:
+        return json.load(handle)["text_config"]["dtype"]
 
 
 def expected_param(folder: str, param: str, dtype=torch.bfloat16) -> torch.Tensor:
@@ -27,9 +36,9 @@ def test_projections_bit_identical_to_fp32_dequant(load_draft, name):
     params = dict(load_draft(folder).named_parameters())
     for param, parts in DENSE_PROJECTIONS.items():
         got = params[param].detach()
-        want = expected_param(folder, param)
-        assert got.dtype == torch.bfloat16
-        assert torch.equal(got, want), f"{name}: {param} differs from bf16(fp32 dequant) of {parts}"
+        want = expected_param(folder, param, got.dtype)
+        assert got.dtype == (torch.bfloat16 if config_dtype(folder) == "bfloat16" else torch.float16)
+        assert torch.equal(got, want), f"{name}: {param} differs from the rounded dequant of {parts}"
 
 
 @pytest.mark.parametrize("name", DENSE_W8)
@@ -46,7 +55,8 @@ def test_projections_within_quantization_error_of_original(load_draft, name):
             rows += original.shape[0]
             step = quantization_step(tensors, ckpt_name, desc[ckpt_name])
             # msmodelslim's own rounding (<= 1.1 steps in fp32, see CHECK.txt) plus the one
-            # rounding to the bf16 parameter (half an ulp: 2**-9 relative, bounded by 2**-8 |w|);
+            # rounding to the bf16/fp16 parameter (half an ulp: at most 2**-9 relative, bounded
+            # by 2**-8 |w|);
             # static W8A8 needs that allowance: its fp32 error alone reaches 1.09 steps
             bf16_half_ulp = original.abs() * 2.0**-8
             excess = (got - original).abs() - (1.1 * step + bf16_half_ulp)
@@ -97,6 +107,6 @@ def test_static_companions_are_consumed(load_draft, caplog):
 def test_fp32_draft_gets_fp32_weights(load_draft):
     """The decoded tensor takes the draft's dtype: an fp32 draft keeps full fp32 precision."""
     folder = fixture_dir("q35_dense_w8a16_asym")
-    params = dict(load_draft(folder, dtype=torch.float32).named_parameters())
+    params = dict(load_draft(folder, dtype="float32").named_parameters())
     param = "model.layers.0.o_proj.weight"
     assert torch.equal(params[param].detach(), expected_param(folder, param, torch.float32))

@@ -2,18 +2,25 @@
 
 Usage::
 
-    ckpt = Checkpoint.open("/models/Qwen3.5-27B-w8a8", wanted=lambda n: n.startswith("mtp."))
+    source = sources.resolve_offline("/models/Qwen3.5-27B-w8a8")   # or what sglang recorded
+    ckpt = Checkpoint.open(source, wanted=lambda n: n.startswith("mtp."))
     info = ckpt.tensors["mtp.layers.0.mlp.up_proj.weight"]   # file, dtype, shape (header only)
-    scale = ckpt.read(ckpt.tensors["mtp.layers.0.mlp.up_proj.weight_scale"])
+    scales = ckpt.read_many([ckpt.tensors["mtp.layers.0.mlp.up_proj.weight_scale"], ...])
 
-Why it reads every ``*.safetensors`` header rather than trusting one index file: sglang's
-``DefaultModelLoader`` streams every ``*.safetensors`` in the folder (it filters by an index
-only when that index is named ``model.safetensors.index.json``, which ModelSlim never
-writes), and ModelSlim's own file names vary between engines (V1
-``quant_model_weights-*``, V1 single file with no index, V0 ``quant_model_weight_<type>-*``
-with its own index name). Reading headers is metadata only: the weight bytes are read once,
-by sglang, when it streams them. Index files are still checked, because an index that points
-outside the folder or at a missing shard means the checkpoint is not what it claims.
+Why the headers of exactly the files sglang streams, rather than one index file: sglang's
+``DefaultModelLoader`` streams every ``*.safetensors`` it resolved (it filters by an index only
+when that index is ``model.safetensors.index.json``, which ModelSlim never writes), and
+ModelSlim's own file names vary between engines (V1 ``quant_model_weights-*``, V1 single file
+with no index, V0 ``quant_model_weight_<type>-*`` with its own index name). Reading headers is
+metadata only: the weight bytes are read once, by sglang, when it streams them. Each file's
+header is parsed once, and the small companion tensors are read in one pass per file, so
+opening a checkpoint costs O(tensors) whatever the number of experts.
+
+Index files are still checked, the way sglang reads them: an index names files of its own
+folder (``os.path.join(folder, entry)``), so an entry that climbs out of the folder or is an
+absolute path is an error, while a file that is a symlink to a blob elsewhere (a Hugging Face
+snapshot) is normal. An index that names a missing shard for a draft tensor means the
+download is incomplete.
 """
 
 from __future__ import annotations
@@ -21,12 +28,13 @@ from __future__ import annotations
 import glob
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
 from safetensors import safe_open
 
+from .context import WeightSource
 from .errors import CheckpointFormatError
 
 DESCRIPTION_NAME = "quant_model_description.json"
@@ -53,6 +61,10 @@ _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
 }
 
 
+#: float8 storage: like integer codes, a weight in it needs its scale
+FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """Where one tensor lives and what its header says; no tensor bytes."""
@@ -67,6 +79,11 @@ class TensorInfo:
         return isinstance(self.dtype, torch.dtype) and not (
             self.dtype.is_floating_point or self.dtype == torch.bool
         )
+
+    @property
+    def holds_codes(self) -> bool:
+        """Integer or float8 storage: codes that mean nothing without their scales."""
+        return self.is_integer or self.dtype in FLOAT8_DTYPES
 
     @property
     def dtype_name(self) -> str:
@@ -87,23 +104,22 @@ class Checkpoint:
     format_version: str | None = None
 
     @classmethod
-    def open(cls, folder: str, wanted: Callable[[str], bool] = lambda name: True) -> Checkpoint:
-        """Read the description, the index files and the safetensors headers of ``folder``.
+    def open(cls, source: WeightSource, wanted: Callable[[str], bool] = lambda name: True) -> Checkpoint:
+        """Read the description, the index files and the headers of ``source``'s files.
 
         Only tensors whose name satisfies ``wanted`` are recorded (the draft's, usually).
         """
-        folder = os.path.abspath(folder)
+        folder = os.path.abspath(source.folder)
         if not os.path.isdir(folder):
             raise CheckpointFormatError(
                 file=folder,
                 problem="is not a folder",
                 hint="pass the local checkpoint folder sglang loads (--model-path)",
             )
-        files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
-        ckpt = cls(folder=folder, files=files)
+        ckpt = cls(folder=folder, files=list(source.files))
         ckpt._read_description()
         ckpt._check_index_files(wanted)
-        for path in files:
+        for path in ckpt.files:
             ckpt._read_header(path, wanted)
         return ckpt
 
@@ -111,17 +127,26 @@ class Checkpoint:
         """The description's type for ``name`` (``FLOAT``, ``W8A8_DYNAMIC``, ...), if any."""
         return self.description.get(name)
 
-    def read(self, info: TensorInfo) -> torch.Tensor:
-        """Read one (small, companion) tensor from its file."""
-        try:
-            with safe_open(info.file, framework="pt") as handle:
-                return handle.get_tensor(info.name)
-        except Exception as exc:  # safetensors raises its own error types
-            raise CheckpointFormatError(
-                file=info.file,
-                problem=f"cannot read tensor {info.name!r} ({exc})",
-                hint="the file is truncated or corrupt: download or export it again",
-            ) from exc
+    def read_many(self, infos: Iterable[TensorInfo]) -> dict[str, torch.Tensor]:
+        """Read (small, companion) tensors, each file opened once: name -> tensor."""
+        by_file: dict[str, list[TensorInfo]] = {}
+        for info in infos:
+            by_file.setdefault(info.file, []).append(info)
+        out: dict[str, torch.Tensor] = {}
+        for path, wanted in by_file.items():
+            name = wanted[0].name
+            try:
+                with safe_open(path, framework="pt") as handle:
+                    for info in wanted:
+                        name = info.name
+                        out[name] = handle.get_tensor(name)
+            except Exception as exc:  # safetensors raises its own error types
+                raise CheckpointFormatError(
+                    file=path,
+                    problem=f"cannot read tensor {name!r} ({exc})",
+                    hint="the file is truncated or corrupt: download or export it again",
+                ) from exc
+        return out
 
     # -- the files ModelSlim writes ------------------------------------------------------
 
@@ -151,7 +176,6 @@ class Checkpoint:
         self.group_size = group_size
 
     def _check_index_files(self, wanted: Callable[[str], bool]) -> None:
-        real_folder = os.path.realpath(self.folder)
         for index_path in sorted(glob.glob(os.path.join(self.folder, "*.safetensors.index.json"))):
             raw = _load_json(index_path, "a safetensors index")
             weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
@@ -168,14 +192,13 @@ class Checkpoint:
                         problem=f"maps {name!r} to {shard!r}, not a file name",
                         hint="restore the index file the exporter wrote, or delete it",
                     )
-                shard_path = os.path.realpath(os.path.join(self.folder, shard))
-                if os.path.isabs(shard) or os.path.dirname(shard_path) != real_folder:
+                if not _inside_folder(shard):
                     raise CheckpointFormatError(
                         file=index_path,
                         problem=f"maps {name!r} to {shard!r}, outside the checkpoint folder",
                         hint="an index must name shard files in its own folder; fix or delete it",
                     )
-                if wanted(name) and not os.path.isfile(shard_path):
+                if wanted(name) and not os.path.isfile(os.path.join(self.folder, shard)):
                     raise CheckpointFormatError(
                         file=index_path,
                         problem=f"maps {name!r} to shard {shard!r}, which does not exist",
@@ -218,6 +241,15 @@ class Checkpoint:
                 hint="sglang streams every *.safetensors in the folder: remove the stray file",
             )
         self.tensors.setdefault(info.name, info)
+
+
+def _inside_folder(entry: str) -> bool:
+    """Whether an index entry names a file under the index's folder, judged on the name
+    (where the file's symlink points does not matter: snapshot files point into blobs)."""
+    if os.path.isabs(entry) or entry.startswith(("/", "\\")):
+        return False
+    normal = os.path.normpath(entry)
+    return normal != os.curdir and normal.split(os.sep)[0] != os.pardir
 
 
 def _load_json(path: str, what: str) -> object:

@@ -2,9 +2,10 @@
 
 Usage::
 
-    with cpu_sglang_context(checkpoint_folder) as ctx:
-        draft = ctx.build_draft()                       # Qwen3_5ForCausalLMMTP, bf16, CPU
-        draft.load_weights(ctx.weights())               # sglang's own safetensors iterator
+    prepare_cpu_process(folder)                          # context, gloo world of one, shims
+    config = draft_model_config(folder)                  # sglang's ModelConfig of the draft
+    draft = build_draft(config)                          # its class, dtype, quant config
+    draft.load_weights(sglang_weights(config, draft))    # DefaultModelLoader's own stream
 
 Nothing here changes how sglang loads weights: it is the set-up a CPU-only process needs
 before sglang's model modules import and build at all. Two environment shims are applied,
@@ -22,14 +23,10 @@ each only where the real thing cannot run:
 from __future__ import annotations
 
 import contextlib
-import glob
-import json
-import os
 import socket
 import sys
 import types
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
@@ -121,69 +118,62 @@ def publish_context(model_path: str, draft_path: str | None = None, **server_arg
     publish(args, role="test", ranks=SpawnRanks(world_rank=0))
 
 
-def weight_files(folder: str) -> list[str]:
-    """The files sglang's DefaultModelLoader streams for a ModelSlim folder, in its order."""
-    return sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+def draft_model_config(path: str, revision: str | None = None):
+    """sglang's ``ModelConfig`` of the draft for ``path``, as its draft worker builds it
+    (``is_draft_model=True`` maps the architecture to the MTP/NextN class)."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.runtime_context import get_server_args
 
-
-def safetensors_stream(files: list[str]):
-    """sglang's own weight iterator (the one DefaultModelLoader uses)."""
-    from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
-
-    return safetensors_weights_iterator(files)
-
-
-def text_config_of(folder: str):
-    """sglang's config object for a Qwen3.5 checkpoint folder (VL wrapper or text-only)."""
-    from sglang.srt.configs import qwen3_5
-
-    with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
-        raw = json.load(handle)
-    if "text_config" in raw:
-        cls = (
-            qwen3_5.Qwen3_5MoeConfig
-            if raw.get("model_type") == "qwen3_5_moe"
-            else qwen3_5.Qwen3_5Config
-        )
-        return cls(**raw)
-    cls = (
-        qwen3_5.Qwen3_5MoeTextConfig
-        if raw.get("model_type") == "qwen3_5_moe_text"
-        else qwen3_5.Qwen3_5TextConfig
+    return ModelConfig.from_server_args(
+        get_server_args(), model_path=path, model_revision=revision, is_draft_model=True
     )
-    return cls(**raw)
 
 
-@dataclass
-class CpuDraftBuilder:
-    """Builds sglang's Qwen3.5 MTP draft for one checkpoint folder."""
+def build_draft(model_config, device: str | torch.device = "cpu") -> torch.nn.Module:
+    """sglang's own draft class for ``model_config``, built the way ``DefaultModelLoader`` does
+    (its quantization config, its dtype), on ``device`` (``"meta"``: shapes only)."""
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.model_loader.loader import _get_quantization_config, _initialize_model
+    from sglang.srt.model_loader.utils import set_default_torch_dtype
 
-    folder: str
-    dtype: torch.dtype = torch.bfloat16
-
-    def build_draft(self, quant_config=None) -> torch.nn.Module:
-        from sglang.srt.model_loader.utils import set_default_torch_dtype
-        from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
-
-        config = text_config_of(self.folder)
-        with set_default_torch_dtype(self.dtype), _placeholder_vllm_rotary():
-            return Qwen3_5ForCausalLMMTP(config, quant_config=quant_config)
-
-    def weights(self):
-        return safetensors_stream(weight_files(self.folder))
+    load_config = LoadConfig(load_format="auto")
+    quant_config = _get_quantization_config(model_config, load_config)
+    with set_default_torch_dtype(model_config.dtype), torch.device(device):
+        with _placeholder_vllm_rotary():
+            return _initialize_model(model_config, load_config, quant_config)
 
 
-def prepare_cpu_process(model_path: str, draft_path: str | None = None) -> None:
+def sglang_weights(model_config, model: torch.nn.Module, download_dir: str | None = None):
+    """The weight stream sglang's ``DefaultModelLoader`` gives ``model.load_weights``: it
+    resolves the checkpoint (folder, hub id, ``download_dir``) when first advanced."""
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.model_loader.loader import DefaultModelLoader
+
+    loader = DefaultModelLoader(LoadConfig(load_format="auto", download_dir=download_dir))
+    return loader._get_all_weights(model_config, model)
+
+
+def path_weights(path: str, revision: str | None = None, download_dir: str | None = None):
+    """``DefaultModelLoader``'s stream for a checkpoint path with no ``ModelConfig`` (a draft
+    class built from a hand-made config): the same resolution and iterator, lazily."""
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.model_loader.loader import DefaultModelLoader
+
+    loader = DefaultModelLoader(LoadConfig(load_format="auto", download_dir=download_dir))
+    yield from loader._get_weights_iterator(DefaultModelLoader.Source(path, revision))
+
+
+def prepare_cpu_process(model_path: str, draft_path: str | None = None, **server_args) -> None:
     """Everything a CPU process needs before it can build sglang's draft for ``model_path``."""
     ensure_torchvision_importable()
-    publish_context(model_path, draft_path)
+    publish_context(model_path, draft_path, **server_args)
     init_world_size_one()
 
 
 def build_draft_class(
     class_path: str, config, dtype: torch.dtype = torch.bfloat16, quant_config=None
 ) -> torch.nn.Module:
-    """Build any sglang draft class, named by dotted path, on CPU for ``config``.
+    """Build any sglang draft class, named by dotted path, on CPU for a hand-made ``config``.
 
     Example::
 
@@ -192,10 +182,8 @@ def build_draft_class(
             "sglang.srt.models.deepseek_nextn.DeepseekV3ForCausalLMNextN", DeepseekV3Config(...)
         )
 
-    The same set-up as ``CpuDraftBuilder.build_draft`` (default dtype, the rotary-kernel
-    placeholder), for the draft classes other than Qwen3.5's: Qwen3-Next, Qwen3-MoE, GLM-4.5
-    (and -Lite) and DeepSeek-V3 NextN, Qwen4-Exp. Their constructors need only ``config``
-    and the parallel state ``prepare_cpu_process`` publishes.
+    For tests of classes whose tiny configs are built in code rather than read from a
+    checkpoint's config.json (``build_draft`` is the path from a folder).
     """
     import pkgutil
 

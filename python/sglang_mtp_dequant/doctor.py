@@ -2,32 +2,40 @@
 
 Usage::
 
-    report = diagnose("/models/Qwen3.5-27B-w8a8")
+    report = diagnose("/models/Qwen3.5-27B-w8a8")          # a folder, a snapshot, a hub id
+    report = diagnose("acme/Qwen3.5-27B-w8a8", download_dir="/data/hub", revision="main")
     print(render_text(report))              # a table, the verdict last
-    print(json.dumps(report.to_json()))     # {"verdict": "ok"|"error", "tensors": [...], ...}
+    print(json.dumps(report.to_json()))     # {"schema_version": 2, "verdict": "ok"|"error", ...}
     sys.exit(0 if report.verdict == "ok" else 1)
 
 Why it exists: the bug this package fixes is silent (stock sglang serves raw int8 codes and
 logs nothing), so an operator needs a way to ask, before starting a server, "will this
 checkpoint's draft load correctly?". The doctor answers with the very decisions the plugin
-will take at load time (``Checkpoint`` + ``DequantPlan``, the same code), plus what stock
-sglang would do instead. It reads headers, ``config.json``, the description and the small
-companion tensors only (never a weight), so it takes seconds on a 27B checkpoint.
+will take at load time, on the files sglang would stream (``sources.resolve_offline``: sglang's
+own resolution, offline), ``Checkpoint`` + ``DequantPlan`` (the same code), what stock sglang
+would do instead, and, from a dry run of sglang's own draft class on the meta device
+(``dryrun.py``), which draft parameters no checkpoint tensor will fill and which names the
+class will skip. It reads headers, ``config.json``, the description and the small companion
+tensors only (never a weight).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from .checkpoint import Checkpoint, TensorInfo
-from .drafts import DRAFT_SPECS, DraftSpec, mtp_prefix
+from .config import CheckpointConfig
+from .context import sglang_version
+from .drafts import DraftSpec, spec_for_architecture
 from .errors import CheckpointFormatError
-from .plan import COMPANION_SUFFIXES, DequantPlan, PlannedTensor
+from .naming import mtp_prefix, split_companion
+from .plan import DequantPlan, PlannedTensor
+from .sources import resolve_offline
 
-SGLANG_VERSION_STUDIED = "0.5.23"
+#: version of the JSON layout ``Diagnosis.to_json`` writes (2: resolution, coverage)
+SCHEMA_VERSION = 2
 
 
 @dataclass
@@ -45,7 +53,7 @@ class TensorRow:
     stock: str
     problem: str = ""  # the short form of an error reason, for the table
     hint: str = ""  # what to do about an error, for the grouped notes under the table
-    integer: bool = False  # the header's dtype is an integer type (TensorInfo.is_integer)
+    codes: bool = False  # the header's dtype holds codes (TensorInfo.holds_codes)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,9 +71,11 @@ class TensorRow:
 
 @dataclass
 class Diagnosis:
-    """The doctor's whole answer for one checkpoint folder."""
+    """The doctor's whole answer for one checkpoint."""
 
-    folder: str
+    requested: str
+    folder: str = ""
+    resolved_by: str = ""
     architecture: str | None = None
     draft_class: str | None = None
     hooked: bool = False
@@ -76,10 +86,14 @@ class Diagnosis:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     tensors: list[TensorRow] = field(default_factory=list)
+    #: from the dry run: parameter -> the parts no checkpoint tensor fills; names it skips
+    unfilled: dict[str, str] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    dry_run: str = ""  # which class was dry-run, or why none was
 
     @property
     def verdict(self) -> str:
-        if self.problems or any(t.action == "error" for t in self.tensors):
+        if self.problems or self.unfilled or any(t.action == "error" for t in self.tensors):
             return "error"
         return "ok"
 
@@ -91,8 +105,11 @@ class Diagnosis:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "schema_version": SCHEMA_VERSION,
             "verdict": self.verdict,
+            "requested": self.requested,
             "folder": self.folder,
+            "resolved_by": self.resolved_by,
             "architecture": self.architecture,
             "draft_class": self.draft_class,
             "hooked": self.hooked,
@@ -101,29 +118,49 @@ class Diagnosis:
             "safetensors_files": self.files,
             "counts": self.counts(),
             "stock_sglang": self.stock,
+            "dry_run": self.dry_run,
+            "unfilled_parameters": self.unfilled,
+            "skipped_names": self.skipped,
             "problems": self.problems,
             "notes": self.notes,
             "tensors": [t.to_json() for t in self.tensors],
         }
 
 
-def diagnose(folder: str) -> Diagnosis:
-    """Everything the doctor reports about ``folder``; never raises on a bad checkpoint."""
-    report = Diagnosis(folder=os.path.abspath(folder))
+def diagnose(
+    path: str,
+    *,
+    download_dir: str | None = None,
+    revision: str | None = None,
+    dry_run: bool = True,
+) -> Diagnosis:
+    """Everything the doctor reports about ``path``; never raises on a bad checkpoint.
+
+    ``path`` is what sglang gets as ``--model-path``: a folder, a snapshot folder, or a hub id
+    in the local cache (``download_dir`` and ``revision`` as sglang's ``--download-dir`` and
+    ``--revision``). ``dry_run=False`` skips building the draft class (no parameter coverage).
+    """
+    report = Diagnosis(requested=path)
+    try:
+        source = resolve_offline(path, download_dir=download_dir, revision=revision)
+    except CheckpointFormatError as exc:
+        report.problems.append(str(exc))
+        return report
+    report.folder, report.resolved_by = source.folder, source.how
+    report.files = len(source.files)
     config = _read_config(report)
     spec = _draft_spec(report, config)
     is_draft = spec.draft_names(config) if spec is not None else mtp_prefix(config)
     try:
-        ckpt = Checkpoint.open(folder, wanted=is_draft)
+        ckpt = Checkpoint.open(source, wanted=is_draft)
         plan = DequantPlan.build(ckpt)
     except CheckpointFormatError as exc:
         report.problems.append(str(exc))
         return report
     report.description_file = ckpt.description_file
-    report.files = len(ckpt.files)
     if not ckpt.files:
         report.problems.append(
-            f"{report.folder} holds no *.safetensors file: sglang would find no weights"
+            f"{report.folder} holds no *.safetensors file sglang would stream: no weights"
         )
     report.tensors = [_row(entry) for entry in plan.entries.values()]
     report.tensors += _orphan_companions(ckpt, plan)
@@ -133,14 +170,14 @@ def diagnose(folder: str) -> Diagnosis:
             "the checkpoint holds no draft (MTP) tensors: sglang's draft would keep "
             "uninitialised weights; use a checkpoint that includes the MTP layers"
         )
-    integer = [t for t in report.tensors if t.integer]
-    if integer and spec is None:
+    codes = [t for t in report.tensors if t.codes]
+    if codes and spec is None:
         report.problems.append(
-            f"{len(integer)} draft tensors hold integer codes, but this plugin hooks no draft "
-            f"class for architecture {report.architecture!r}; serve the draft quantized "
+            f"{len(codes)} draft tensors hold codes, but this plugin hooks no draft class for "
+            f"architecture {report.architecture!r}; serve the draft quantized "
             "(--speculative-draft-model-quantization) or re-export the MTP layers as FLOAT"
         )
-    report.stock = _stock_summary(report, integer)
+    report.stock = _stock_summary(report, codes)
     described_float = [
         t.name
         for t in report.tensors
@@ -152,46 +189,53 @@ def diagnose(folder: str) -> Diagnosis:
             f"(e.g. {described_float[0]}): passed to sglang as they are; the misload guard "
             "checks their values when sglang loads them (codes stored as floats are refused)"
         )
+    if spec is not None and dry_run and report.tensors and not plan.errors:
+        _dry_run(report, source, ckpt, plan, spec)
     return report
+
+
+def _dry_run(report: Diagnosis, source, ckpt: Checkpoint, plan: DequantPlan, spec: DraftSpec):
+    try:
+        from .dryrun import simulate_load
+
+        coverage = simulate_load(source, ckpt, plan, spec)
+    except Exception as exc:  # noqa: BLE001 - no coverage, said so; the rest still stands
+        report.dry_run = f"not run ({type(exc).__name__}: {exc})"
+        report.notes.append(
+            "no dry run of the draft class, so no check that every parameter is filled: "
+            f"{type(exc).__name__}: {exc}"
+        )
+        return
+    report.dry_run = f"{coverage.class_name} on the meta device"
+    report.unfilled = coverage.unwritten
+    report.skipped = coverage.skipped
 
 
 # -- the pieces ------------------------------------------------------------------------------
 
 
-def _read_config(report: Diagnosis) -> dict[str, Any]:
-    path = os.path.join(report.folder, "config.json")
+def _read_config(report: Diagnosis) -> CheckpointConfig | None:
     try:
-        with open(path, encoding="utf-8") as handle:
-            config = json.load(handle)
-    except FileNotFoundError:
-        report.problems.append(f"{path} is missing: sglang cannot build any model from here")
-        return {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        report.problems.append(f"{path} is not readable JSON ({exc})")
-        return {}
-    if not isinstance(config, dict):
-        report.problems.append(f"{path} holds a JSON {type(config).__name__}, not an object")
-        return {}
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    dtype = text.get("dtype") or text.get("torch_dtype") or config.get("dtype")
-    if isinstance(dtype, str) and dtype in ("bfloat16", "float16", "float32"):
-        report.draft_dtype = dtype
+        config = CheckpointConfig.read(report.folder)
+    except CheckpointFormatError as exc:
+        report.problems.append(f"{exc.file} {exc.problem}")
+        return None
+    report.draft_dtype = config.dtype or report.draft_dtype
     return config
 
 
-def _draft_spec(report: Diagnosis, config: dict[str, Any]) -> DraftSpec | None:
-    archs = config.get("architectures")
-    if not (isinstance(archs, list) and archs and isinstance(archs[0], str)):
-        if config:
-            report.problems.append("config.json names no architectures: sglang cannot pick a class")
+def _draft_spec(report: Diagnosis, config: CheckpointConfig | None) -> DraftSpec | None:
+    if config is None:
         return None
-    report.architecture = archs[0]
-    for spec in DRAFT_SPECS:
-        if report.architecture in spec.architectures:
-            report.draft_class = spec.class_name
-            report.hooked = True
-            return spec
-    return None
+    report.architecture = config.architecture
+    if report.architecture is None:
+        report.problems.append("config.json names no architectures: sglang cannot pick a class")
+        return None
+    spec = spec_for_architecture(report.architecture)
+    if spec is not None:
+        report.draft_class = spec.class_name
+        report.hooked = True
+    return spec
 
 
 STOCK_SILENT = "copies the raw integer codes into a float parameter: silent misload"
@@ -205,7 +249,7 @@ STOCK_UNKNOWN = (
 def _stock_for(entry: PlannedTensor) -> str:
     """What sglang's unwrapped loader does with this tensor (checked in test_doctor.py)."""
     info = entry.info
-    if not info.is_integer:
+    if not info.holds_codes:
         return "loads as is"
     if entry.decoder is None:  # undecodable: its logical shape is unknown
         return STOCK_UNKNOWN
@@ -226,7 +270,7 @@ def _row(entry: PlannedTensor) -> TensorRow:
         stock=_stock_for(entry),
         problem=entry.error.problem if entry.error is not None else "",
         hint=entry.error.hint if entry.error is not None else "",
-        integer=info.is_integer,
+        codes=info.holds_codes,
     )
 
 
@@ -235,10 +279,10 @@ def _orphan_companions(ckpt: Checkpoint, plan: DequantPlan) -> list[TensorRow]:
     attached = {c.name for e in plan.entries.values() for c in e.companions.values()}
     rows = []
     for name, info in ckpt.tensors.items():
-        base, _, suffix = name.rpartition(".")
-        if name in plan.entries or name in attached or suffix not in COMPANION_SUFFIXES:
+        split = split_companion(name)
+        if name in plan.entries or name in attached or split is None:
             continue
-        rows.append(_orphan_row(info, ckpt.type_of(name), f"{base}.weight"))
+        rows.append(_orphan_row(info, ckpt.type_of(name), f"{split[0]}.weight"))
     return rows
 
 
@@ -253,13 +297,13 @@ def _orphan_row(info: TensorInfo, described: str | None, weight: str) -> TensorR
         action="keep",
         reason=f"companion of {weight}, which the checkpoint does not hold; passed to sglang",
         stock="passed to sglang (skipped or warned about by name)",
-        integer=info.is_integer,
+        codes=info.holds_codes,
     )
 
 
 def _stock_summary(report: Diagnosis, integer: list[TensorRow]) -> str:
     draft = report.draft_class or "the draft"
-    version = f"stock sglang {SGLANG_VERSION_STUDIED}"
+    version = f"stock sglang {sglang_version()}"
     if not report.tensors:
         return f"{version} finds no draft tensors to load"
     if not integer:
@@ -273,7 +317,7 @@ def _stock_summary(report: Diagnosis, integer: list[TensorRow]) -> str:
     ]
     if silent:
         said.append(
-            f"copies the integer codes of {len(silent)} draft tensor(s) into "
+            f"copies the codes of {len(silent)} draft tensor(s) into "
             f"{report.draft_dtype} parameters with no error: the draft proposes garbage and "
             "the accept length drops to about 1"
         )
@@ -309,7 +353,9 @@ def _cells(row: TensorRow) -> tuple[str, ...]:
 
 def render_text(report: Diagnosis) -> str:
     """A plain-text table (stable, greppable, fits a log), then notes, then the verdict."""
-    lines = [f"sglang-mtp-dequant doctor: {report.folder}"]
+    lines = [f"sglang-mtp-dequant doctor: {report.requested}"]
+    if report.folder:
+        lines.append(f"  resolved: {report.folder} ({report.resolved_by})")
     lines.append(
         f"  architecture: {report.architecture or '?'} -> draft class "
         f"{report.draft_class or '(none this plugin hooks)'}"
@@ -342,6 +388,14 @@ def render_text(report: Diagnosis) -> str:
         lines.append(f"  refused ({len(names)}): {shown}: {problem}")
         if hint:
             lines.append(f"    what to do: {hint}")
+    if report.dry_run:
+        lines.append(f"  dry run: {report.dry_run}")
+    for parameter, what in report.unfilled.items():
+        lines.append(f"  unfilled: {parameter}: no checkpoint tensor writes {what}")
+    if report.skipped:
+        shown = ", ".join(report.skipped[:8])
+        more = f" and {len(report.skipped) - 8} more" if len(report.skipped) > 8 else ""
+        lines.append(f"  skipped by the draft class: {shown}{more}")
     for note in report.notes:
         lines.append(f"  note: {note}")
     for problem in report.problems:

@@ -5,11 +5,12 @@ Usage::
     for spec in DRAFT_SPECS:
         print(spec.target)                      # dotted path of the load_weights to wrap
         is_draft = spec.draft_names(model)       # name -> bool, for this built model
+    spec = spec_for_architecture("Qwen3_5ForConditionalGeneration")
 
 Every draft that sglang can build unquantized from a quantized checkpoint gets one entry.
-The name rule is per architecture because checkpoints differ: Qwen3.5/3.6, Qwen3-Next and
-Qwen3-MoE keep the MTP head under ``mtp.``; DeepSeek/GLM NextN checkpoints store it as the
-layer after the last decoder layer, ``model.layers.<num_hidden_layers>.``.
+The name rule (``naming.py``) is per architecture because checkpoints differ: Qwen3.5/3.6,
+Qwen3-Next and Qwen3-MoE keep the MTP head under ``mtp.``; DeepSeek/GLM NextN checkpoints store
+it as the layer after the last decoder layer, ``model.layers.<num_hidden_layers>.``.
 
 One entry per ``load_weights`` that actually runs, never one per class: sglang's
 ``HookRegistry`` wraps whatever ``getattr(cls, "load_weights")`` returns and sets it on the
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .naming import NameRule, mtp_prefix, nextn_layer, nextn_layer_multimodal
+
 
 @dataclass(frozen=True)
 class DraftSpec:
@@ -34,78 +37,21 @@ class DraftSpec:
     target: str
     #: architectures (``config.json`` ``architectures``) whose draft this class is
     architectures: tuple[str, ...]
-    #: builds the name predicate for a built draft model (or its config)
-    name_rule: Callable[[object], Callable[[str], bool]]
+    #: builds the name predicate for a built draft model (or a ``CheckpointConfig``)
+    name_rule: Callable[[object], NameRule]
     #: dotted paths of draft classes that inherit this ``load_weights`` (hooked through it)
     inherited_by: tuple[str, ...] = ()
+    #: parameter name tokens the draft takes from the target after loading, so its own load
+    #: need not write them: sglang's EAGLE workers call ``set_embed_and_head`` (and
+    #: ``set_lm_head_from_target``) right after the draft loads, for every class here
+    from_target: tuple[str, ...] = ("embed_tokens", "lm_head")
 
     @property
     def class_name(self) -> str:
         return self.target.rsplit(".", 2)[-2]
 
-    def draft_names(self, model_or_config: object) -> Callable[[str], bool]:
+    def draft_names(self, model_or_config: object) -> NameRule:
         return self.name_rule(model_or_config)
-
-
-def mtp_prefix(_model: object) -> Callable[[str], bool]:
-    """Qwen3.5/3.6/Qwen3-Next/Qwen3-MoE style: the draft is every ``mtp.*`` tensor.
-
-    The rule is the draft's own: its ``load_weights`` processes every name containing
-    ``mtp`` (``mtp.*`` on every released checkpoint), so the plugin watches the same names.
-    """
-    return lambda name: "mtp" in name
-
-
-def nextn_layer(model_or_config: object) -> Callable[[str], bool]:
-    """DeepSeek-V3 / GLM-4.5+ NextN: the draft is the layer after the last decoder layer.
-
-    sglang's loaders (``deepseek_weight_loader.py``, ``glm4_moe.py``, ``glm4_moe_lite.py``)
-    take ``model.layers.<id>`` with ``id = 0 if num_hidden_layers == 1 else
-    num_hidden_layers``, where ``num_hidden_layers`` is the target's (only the draft's
-    architecture name is rewritten). ModelSlim keeps those names unchanged. sglang matches the
-    prefix without a trailing dot; with at most ``num_hidden_layers + 1`` layers no other
-    layer name can share it, so the dotted prefix here selects the same tensors.
-
-    Works on a built draft (``model.config``) and on a ``config.json`` dict (the doctor); a
-    config without ``num_hidden_layers`` selects nothing.
-    """
-    layers = _decoder_layers(model_or_config)
-    if layers is None:
-        return lambda name: False
-    prefix = f"model.layers.{0 if layers == 1 else layers}."
-    return lambda name: name.startswith(prefix)
-
-
-def nextn_layer_multimodal(model_or_config: object) -> Callable[[str], bool]:
-    """GLM-5-Next NextN: the layer after the last decoder layer, under either naming.
-
-    ``Glm5NextForConditionalGenerationNextN.load_weights`` keeps ``model.layers.<n>.`` and
-    ``model.language_model.layers.<n>.`` with ``n`` the text config's ``num_hidden_layers``
-    (no single-layer special case, unlike ``nextn_layer``), and drops every other name.
-    """
-    layers = _decoder_layers(model_or_config)
-    if layers is None:
-        return lambda name: False
-    prefixes = (f"model.layers.{layers}.", f"model.language_model.layers.{layers}.")
-    return lambda name: name.startswith(prefixes)
-
-
-def _decoder_layers(model_or_config: object) -> int | None:
-    """The config's ``num_hidden_layers`` when it is a positive int, else None."""
-    layers = _config_value(model_or_config, "num_hidden_layers")
-    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
-        return None
-    return layers
-
-
-def _config_value(model_or_config: object, key: str) -> object:
-    if isinstance(model_or_config, dict):
-        if key in model_or_config:
-            return model_or_config[key]
-        text = model_or_config.get("text_config")
-        return text.get(key) if isinstance(text, dict) else None
-    config = getattr(model_or_config, "config", model_or_config)
-    return getattr(config, key, None)
 
 
 _MODELS = "sglang.srt.models"
@@ -161,6 +107,14 @@ DRAFT_SPECS: tuple[DraftSpec, ...] = (
         name_rule=nextn_layer,
     ),
 )
+
+
+def spec_for_architecture(architecture: str | None) -> DraftSpec | None:
+    """The hooked draft class for a checkpoint's ``config.json`` architecture, if any."""
+    for spec in DRAFT_SPECS:
+        if architecture in spec.architectures:
+            return spec
+    return None
 
 
 def draft_dtype(model: torch.nn.Module) -> torch.dtype:

@@ -2,15 +2,16 @@
 
 Usage::
 
-    ckpt = Checkpoint.open(folder, wanted=lambda n: n.startswith("mtp."))
+    ckpt = Checkpoint.open(source, wanted=lambda n: n.startswith("mtp."))
     plan = DequantPlan.build(ckpt)
     plan.raise_first_error()            # the hook does this; `doctor` lists instead
     plan.entries["mtp.layers.0.mlp.up_proj.weight"].decoder.decompress(q, torch.bfloat16)
 
-The plan is built from headers and the small companion tensors only, before sglang streams
-any weight, so a bad checkpoint stops the load before a single parameter is written and the
-doctor can show the same verdicts without building a model. Weight and scale may sit in
-different shards in any order: the plan knows both locations up front.
+The plan is built from headers and the small companion tensors only, before sglang hands a
+single weight to the draft's loaders, so a bad checkpoint stops the load before a parameter is
+written and the doctor can show the same verdicts without building a model. Weight and scale
+may sit in different shards in any order: the plan knows both locations up front. The
+companions of every weight are read in one pass per file, so building a plan costs O(tensors).
 """
 
 from __future__ import annotations
@@ -19,24 +20,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
+from . import naming
 from .checkpoint import Checkpoint, TensorInfo
 from .errors import CheckpointFormatError, DraftWeightError
-from .schemes import AffineDecoder, infer_type, known_types, scheme_for
-
-# Tensors that travel beside a quantized ``X.weight`` as ``X.<suffix>``. They belong to the
-# quantized GEMM; once the weight is dequantized they have nothing to load into, so they are
-# consumed (stock sglang would log "not found" for some of them, or assert on others).
-COMPANION_SUFFIXES = (
-    "weight_scale",
-    "weight_offset",
-    "deq_scale",
-    "input_scale",
-    "input_offset",
-    "quant_bias",
-    "scale_bias",
-    "weight_scale_second",
-    "weight_offset_second",
-)
+from .schemes import AffineDecoder, Scheme, infer_type, known_types, scheme_for
 
 Action = Literal["dequantize", "keep", "error"]
 
@@ -67,15 +54,16 @@ class DequantPlan:
     def build(cls, checkpoint: Checkpoint) -> DequantPlan:
         """Decide for every tensor ``checkpoint`` recorded (it records the draft's only)."""
         plan = cls(checkpoint)
-        companion_names = {
-            name
-            for name in checkpoint.tensors
-            if _split_companion(name) is not None or _fused_companion_base(name, checkpoint)
-        }
-        for name, info in sorted(checkpoint.tensors.items()):
-            if name in companion_names:
+        names = checkpoint.tensors
+        pending: list[tuple[PlannedTensor, Scheme]] = []
+        for name, info in sorted(names.items()):
+            if naming.is_companion(name, names):
                 continue
-            plan.entries[name] = plan._decide(info)
+            entry, scheme = plan._classify(info)
+            plan.entries[name] = entry
+            if scheme is not None:
+                pending.append((entry, scheme))
+        plan._prepare(pending)
         for entry in plan.entries.values():
             if entry.action == "dequantize":
                 plan.consumed.update(c.name for c in entry.companions.values())
@@ -105,20 +93,24 @@ class DequantPlan:
             first.args = (f"{first.args[0]} (also refused: {others}{more})",)
         raise first
 
-    # -- one decision -------------------------------------------------------------------
+    # -- the decisions ----------------------------------------------------------------------
 
-    def _decide(self, info: TensorInfo) -> PlannedTensor:
-        ckpt = self.checkpoint
-        described = ckpt.type_of(info.name)
+    def _classify(self, info: TensorInfo) -> tuple[PlannedTensor, Scheme | None]:
+        """keep (float), error (codes nothing here decodes), or a scheme whose companions are
+        stored as it defines (to be prepared)."""
+        described = self.checkpoint.type_of(info.name)
         companions = self._companions_of(info.name)
-        if not info.is_integer:
+        if not info.holds_codes:
             why = (
                 "float tensor"
                 if described in (None, "FLOAT")
-                else (f"described as {described} but stored as {info.dtype_name}: already float")
+                else f"described as {described} but stored as {info.dtype_name}: already float"
             )
-            return PlannedTensor(info, described, "keep", why, companions=companions)
-        type_name = described if described not in (None, "FLOAT") else infer_type(set(companions))
+            return PlannedTensor(info, described, "keep", why, companions=companions), None
+        if described in (None, "FLOAT"):
+            type_name = infer_type(info, set(companions))
+        else:
+            type_name = described
         entry = PlannedTensor(info, described, "error", "", scheme=type_name, companions=companions)
         scheme = scheme_for(type_name) if type_name else None
         try:
@@ -127,8 +119,8 @@ class DequantPlan:
                     tensor=info.name,
                     file=info.file,
                     problem=(
-                        f"is {info.dtype_name} (integer codes), described as {described!r}, "
-                        "and has no weight_scale or deq_scale beside it"
+                        f"is {info.dtype_name} (codes), described as {described!r}, and has "
+                        "no scale beside it that says how to decode it"
                     ),
                     hint=(
                         "the checkpoint is incomplete or not a ModelSlim export; re-export "
@@ -149,57 +141,58 @@ class DequantPlan:
                         "modelslim, or report the scheme to sglang-mtp-dequant"
                     ),
                 )
-            values = {
-                suffix: ckpt.read(c) for suffix, c in companions.items() if suffix in scheme.reads
+            scheme.check_storage(info, companions)
+        except DraftWeightError as exc:
+            return self._refused(entry, exc), None
+        return entry, scheme
+
+    def _prepare(self, pending: list[tuple[PlannedTensor, Scheme]]) -> None:
+        """Read every pending weight's companions in one pass per file, build the decoders."""
+        wanted = [
+            c for entry, s in pending for suffix, c in entry.companions.items() if suffix in s.companions
+        ]
+        try:
+            values = self.checkpoint.read_many(wanted)
+        except CheckpointFormatError as exc:
+            for entry, _ in pending:
+                self._refused(entry, _as_draft_error(entry.info, exc))
+            return
+        ckpt = self.checkpoint
+        for entry, scheme in pending:
+            mine = {
+                suffix: values[c.name]
+                for suffix, c in entry.companions.items()
+                if suffix in scheme.companions
             }
-            entry.decoder = scheme.prepare(
-                info, values, ckpt.group_size, format_version=ckpt.format_version
-            )
-        except (DraftWeightError, CheckpointFormatError) as exc:
-            if isinstance(exc, CheckpointFormatError):
-                exc = DraftWeightError(
-                    tensor=info.name, file=info.file, problem=exc.problem, hint=exc.hint
+            try:
+                entry.decoder = scheme.prepare(
+                    entry.info, mine, ckpt.group_size, format_version=ckpt.format_version
                 )
-            entry.error = exc
-            entry.reason = str(exc)
-            return entry
-        entry.action = "dequantize"
-        entry.reason = f"{type_name} {info.dtype_name} codes with {', '.join(sorted(companions))}"
+            except DraftWeightError as exc:
+                self._refused(entry, exc)
+                continue
+            entry.action = "dequantize"
+            entry.reason = (
+                f"{scheme.name} {entry.info.dtype_name} codes with "
+                f"{', '.join(sorted(entry.companions))}"
+            )
+
+    @staticmethod
+    def _refused(entry: PlannedTensor, exc: DraftWeightError) -> PlannedTensor:
+        entry.action = "error"
+        entry.error = exc
+        entry.reason = str(exc)
         return entry
 
     def _companions_of(self, weight_name: str) -> dict[str, TensorInfo]:
-        if weight_name.endswith(".weight"):
-            patterns = (f"{weight_name[: -len('.weight')]}.{{}}",)
-        elif _is_fused_expert_name(weight_name):
-            patterns = (f"{weight_name}.{{}}", f"{weight_name}_{{}}")
-        else:
-            return {}
         found = {}
-        for suffix in COMPANION_SUFFIXES:
-            for pattern in patterns:
-                info = self.checkpoint.tensors.get(pattern.format(suffix))
+        for suffix, candidates in naming.companion_names(weight_name).items():
+            for candidate in candidates:
+                info = self.checkpoint.tensors.get(candidate)
                 if info is not None:
                     found[suffix] = info
         return found
 
 
-def _split_companion(name: str) -> tuple[str, str] | None:
-    base, _, suffix = name.rpartition(".")
-    return (base, suffix) if base and suffix in COMPANION_SUFFIXES else None
-
-
-def _is_fused_expert_name(name: str) -> bool:
-    """A weight stored without ``.weight``: Qwen3.5/3.6 fused experts ``experts.gate_up_proj``
-    [E, 2I, H] and ``experts.down_proj`` [E, H, I] (any ``*_proj`` last component)."""
-    return name.rpartition(".")[2].endswith("_proj")
-
-
-def _fused_companion_base(name: str, checkpoint: Checkpoint) -> bool:
-    """``<fused weight>_<suffix>`` (``experts.gate_up_proj_weight_scale``): a companion only
-    when that fused weight is in the checkpoint, so no other name is ever swallowed."""
-    for suffix in COMPANION_SUFFIXES:
-        base = name[: -len(suffix) - 1]
-        if name.endswith(f"_{suffix}") and _is_fused_expert_name(base):
-            if base in checkpoint.tensors:
-                return True
-    return False
+def _as_draft_error(info: TensorInfo, exc: CheckpointFormatError) -> DraftWeightError:
+    return DraftWeightError(tensor=info.name, file=info.file, problem=exc.problem, hint=exc.hint)

@@ -8,120 +8,100 @@ Usage (what ``pip install`` arranges; nothing to call by hand)::
 
     # every sglang process: sglang.srt.plugins.load_plugins() -> register() -> apply_hooks()
 
-``register`` puts an AROUND hook on each draft class's ``load_weights`` (``drafts.py``).
-When the draft was built unquantized (``quant_config is None``) the hook reads the checkpoint
-folder's headers, plans what to dequantize, and hands sglang's own ``load_weights`` the
-transformed stream (``stream.py``). With a quant config, or with nothing quantized in the
-draft, sglang's loading is what it would be without the plugin. After sglang's own loading,
-the guard (``guard.py``) refuses a draft whose float parameters still hold integer codes,
-whatever the format. ``register`` also arms the Ray launch check (``ray_setup.py``), since
-sglang's Ray actors never load plugins themselves, and puts a BEFORE hook on
-``ModelRunner.load_model`` that starts the bf16 kernel's warm-up (``schemes/fused_bf16.py``)
-while the target model loads, when the draft will need it.
+``register`` puts an AROUND hook on each draft class's ``load_weights`` (``drafts.py``) and two
+observing hooks on sglang's ``DefaultModelLoader`` that record which folder and files it
+resolved (``sources.py``). When a draft built unquantized (``quant_config is None``) loads, the
+hook hands sglang's own ``load_weights`` the transformed stream (``stream.py``), planned from
+exactly the files sglang streams, while recording every parameter write
+(``guard/writes.py``); afterwards the guard refuses a draft left partly unwritten or holding
+raw codes. With a quant config sglang's loading is what it would be without the plugin.
+``register`` also arms the Ray launch check (``ray_setup.py``): sglang's Ray actors never load
+plugins themselves.
 
-sglang's plugin loader only logs exceptions, so a hook target that does not exist (another
-sglang version) is reported here with a WARNING naming it and the sglang version.
+sglang's plugin loader only logs exceptions, so a hook target that cannot be resolved (another
+sglang version, a module that fails to import) is reported here with a WARNING naming it, the
+sglang version and the module's own exception.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
-import os
 import pkgutil
 import time
 from collections.abc import Callable
 from typing import Any
 
+from . import context, sources
 from .checkpoint import Checkpoint
-from .doctor import diagnose
+from .context import WeightSource
 from .drafts import DRAFT_SPECS, DraftSpec, draft_dtype
-from .guard import check_loaded_draft
+from .errors import CheckpointFormatError
+from .guard import WriteRecorder, check_loaded_draft
+from .ownership import ExpertOwnership
 from .plan import DequantPlan
 from .ray_setup import register_launch_guard
-from .schemes import fused_bf16
 from .stream import DequantizingStream
 
 logger = logging.getLogger("sglang_mtp_dequant")
-
-#: hook targets registered in this process (register() may be called more than once)
-_registered: set[str] = set()
 
 
 def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
     """Entry point for sglang's general-plugin group: hook every draft class we know."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    for spec in specs:
-        if spec.target in _registered:
+    hooks = [(spec.target, make_load_weights_hook(spec), spec.class_name) for spec in specs]
+    hooks += [(target, hook, None) for target, hook in sources.LOADER_HOOKS]
+    for target, hook, class_name in hooks:
+        if target in context.registered_targets():
             continue
-        try:
-            pkgutil.resolve_name(spec.target)
-        except Exception as exc:  # ImportError, AttributeError, or the module's own failure
+        problem = unresolvable(target)
+        if problem is not None:
+            effect = (
+                f"{class_name} drafts load WITHOUT dequantization in this process"
+                if class_name
+                else "the plugin plans from the launch path instead of sglang's resolved files"
+            )
             logger.warning(
-                "sglang-mtp-dequant: hook target %s is not available in sglang %s (%s: %s); "
-                "%s drafts load WITHOUT dequantization in this process",
-                spec.target,
-                sglang_version(),
-                type(exc).__name__,
-                exc,
-                spec.class_name,
+                "sglang-mtp-dequant: hook target %s is not available in sglang %s (%s); %s",
+                target,
+                context.sglang_version(),
+                problem,
+                effect,
             )
             continue
-        HookRegistry.register(spec.target, make_load_weights_hook(spec), HookType.AROUND)
-        _registered.add(spec.target)
-    # sglang's Ray SchedulerActor never calls load_plugins(): activate it there, or refuse the
-    # launch (ray_setup.py); registers nothing where Ray is not installed
+        HookRegistry.register(target, hook, HookType.AROUND)
+        context.mark_registered(target)
     register_launch_guard()
-    register_kernel_warm_up()
 
 
-#: runs before every model load of a scheduler process: the target's first, the draft's later
-WARM_UP_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
+def unresolvable(target: str) -> str | None:
+    """Why ``target`` cannot be hooked, naming the module's own exception, or None.
 
-
-def register_kernel_warm_up() -> None:
-    """BEFORE hook on ``ModelRunner.load_model`` that starts the kernel warm-up early.
-
-    Optional: without it the warm-up starts when the draft load does, and the first decode
-    waits for it (about a second). So a missing target is logged at DEBUG, not WARNING.
+    ``pkgutil.resolve_name`` turns a module that fails to import (a missing native dependency)
+    into ``AttributeError: module ... has no attribute ...``; importing the module first keeps
+    its real error.
     """
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    if WARM_UP_TARGET in _registered:
-        return
-    try:
-        pkgutil.resolve_name(WARM_UP_TARGET)
-    except Exception as exc:  # noqa: BLE001 - any failure: just no early warm-up
-        logger.debug("sglang-mtp-dequant: no early kernel warm-up (%s: %s)", WARM_UP_TARGET, exc)
-        return
-    HookRegistry.register(WARM_UP_TARGET, warm_up_before_model_load, HookType.BEFORE)
-    _registered.add(WARM_UP_TARGET)
-
-
-def warm_up_before_model_load(*_args: Any, **_kwargs: Any) -> None:
-    """Start the kernel warm-up if this process will decode a quantized draft; changes nothing
-    of the load (returns None: sglang keeps the arguments). The check (speculative decoding on,
-    and the draft checkpoint holds draft weights to dequantize: doctor's diagnosis: headers
-    and the small scale tensors, never a weight) runs in the warm-up thread."""
-    fused_bf16.warm_up(when=draft_needs_dequantization)
-
-
-def draft_needs_dequantization() -> bool:
-    """Whether the draft sglang will load has weights the plugin would dequantize."""
-    try:
-        from sglang.srt.runtime_context import get_spec
-
-        if not get_spec().speculative_algorithm:
-            return False
-    except Exception:  # noqa: BLE001 - context not published: not a scheduler's model load
-        return False
-    folder = checkpoint_folder()
-    return folder is not None and diagnose(folder).counts()["dequantize"] > 0
-
-
-def registered_targets() -> frozenset[str]:
-    """The targets ``register`` hooked in this process (for tests and diagnostics)."""
-    return frozenset(_registered)
+    module_path, _, attributes = target.rpartition(".")
+    while module_path:
+        try:
+            module = importlib.import_module(module_path)
+            break
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not module_path.startswith(exc.name):
+                return f"importing {module_path} failed: {type(exc).__name__}: {exc}"
+            module_path, _, head = module_path.rpartition(".")
+            attributes = f"{head}.{attributes}"
+        except Exception as exc:  # noqa: BLE001 - the module's own failure, reported as is
+            return f"importing {module_path} failed: {type(exc).__name__}: {exc}"
+    else:
+        return f"no module in {target!r} can be imported"
+    obj: Any = module
+    for attribute in attributes.split("."):
+        if not hasattr(obj, attribute):
+            return f"{getattr(obj, '__name__', obj)!s} has no attribute {attribute!r}"
+        obj = getattr(obj, attribute)
+    return None
 
 
 def make_load_weights_hook(spec: DraftSpec) -> Callable[..., Any]:
@@ -130,94 +110,98 @@ def make_load_weights_hook(spec: DraftSpec) -> Callable[..., Any]:
             # the user asked for a quantized draft: its quantized layers consume the codes
             return original(model, weights, *args, **kwargs)
         is_draft = spec.draft_names(model)
-        folder = checkpoint_folder()
-        plan = None
-        if folder is not None:
-            plan = DequantPlan.build(Checkpoint.open(folder, wanted=is_draft))
-            plan.raise_first_error()
-        stream = DequantizingStream(
-            plan,
-            draft_dtype(model),
-            is_draft,
-            missing_plan_hint=(
-                f"sglang-mtp-dequant could not find the checkpoint folder (looked for "
-                f"{checkpoint_paths() or 'no path in the sglang context'}); pass a local "
-                "folder as --model-path / --speculative-draft-model-path"
-            ),
-        )
-        started = time.perf_counter()
-        result = original(model, stream.apply(weights), *args, **kwargs)
-        # values, not names: refuse a draft whose float parameters still hold codes (guard.py)
-        check_loaded_draft(model, result, stream, spec.class_name, folder)
-        stats = stream.stats
-        if stats.dequantized:
-            schemes = ", ".join(f"{k} x{v}" for k, v in sorted(stats.schemes.items()))
-            logger.info(
-                "sglang-mtp-dequant: %s draft from %s: dequantized %d tensors (%s) to %s, "
-                "%d quantized bytes, %d companion tensors consumed, %.3f s decoding "
-                "(%.3f s whole load)",
-                spec.class_name,
-                folder,
-                stats.dequantized,
-                schemes,
-                str(stream.dtype).replace("torch.", ""),
-                stats.quantized_bytes,
-                stats.companions_consumed,
-                stats.seconds,
-                time.perf_counter() - started,
+        planner = DraftPlanner(is_draft)
+        with WriteRecorder(model, spec.from_target) as writes:
+            stream = DequantizingStream(
+                planner.plan,
+                draft_dtype(model),
+                is_draft,
+                owned=ExpertOwnership.of(model),
+                missing_plan_hint=planner.missing_hint(),
+                observer=writes.on_streamed,
             )
-        if stats.already_float:
-            logger.info(
-                "sglang-mtp-dequant: %d quantized draft tensors arrived already float "
-                "(dequantized upstream); left as they were",
-                stats.already_float,
-            )
+            started = time.perf_counter()
+            result = original(model, stream.apply(weights), *args, **kwargs)
+        check_loaded_draft(model, stream, writes, spec.class_name, planner.folder)
+        log_load(spec, stream, planner.folder, time.perf_counter() - started)
         return result
 
     load_weights_with_dequant.__qualname__ = f"sglang_mtp_dequant[{spec.class_name}]"
     return load_weights_with_dequant
 
 
-def checkpoint_paths() -> list[str]:
-    """The draft checkpoint path sglang loads: the draft path if set, else the target path."""
-    try:
-        from sglang.srt.runtime_context import get_model, get_spec
+class DraftPlanner:
+    """Plans one draft load from the files sglang resolved for it, once it starts streaming."""
 
-        draft = get_spec().speculative_draft_model_path
-        target = get_model().model_path
-    except Exception:  # context not published (not inside sglang's start-up)
-        return []
-    return [p for p in (draft or target,) if p]
+    def __init__(self, is_draft: Callable[[str], bool]) -> None:
+        self.is_draft = is_draft
+        self.launch = context.draft_launch()
+        self.mark = len(context.weight_sources())
+        self.folder: str | None = None
+
+    def plan(self) -> DequantPlan | None:
+        source = sources.streamed_source(self.mark, self.launch)
+        fallback = source is None
+        if fallback:
+            source = self._fallback_source()
+            if source is None:
+                return None
+        self.folder = source.folder
+        plan = DequantPlan.build(Checkpoint.open(source, wanted=self.is_draft))
+        if fallback and (plan.to_dequantize or plan.errors):
+            logger.warning(
+                "sglang-mtp-dequant: sglang's DefaultModelLoader did not report the draft's "
+                "weight files (load format %r); planning from %s, resolved by %s",
+                self.launch.load_format if self.launch else "?",
+                source.folder,
+                source.how,
+            )
+        plan.raise_first_error()
+        return plan
+
+    def _fallback_source(self) -> WeightSource | None:
+        """Another loader streams the weights: resolve the launch path as sglang would."""
+        if self.launch is None:
+            return None
+        try:
+            return sources.resolve_offline(
+                self.launch.path,
+                download_dir=self.launch.download_dir,
+                revision=self.launch.revision,
+            )
+        except CheckpointFormatError:
+            return None
+
+    def missing_hint(self) -> str:
+        path = self.launch.path if self.launch else "no path in the sglang context"
+        return (
+            f"sglang-mtp-dequant could not find the files sglang streams (draft checkpoint "
+            f"{path}); load it with the default loader from a local folder or a cached hub id"
+        )
 
 
-def checkpoint_folder() -> str | None:
-    """The local folder behind sglang's checkpoint path (a hub id resolves to its cache)."""
-    for path in checkpoint_paths():
-        local = local_folder(path)
-        if local is not None:
-            return local
-    return None
-
-
-def local_folder(path: str) -> str | None:
-    """``path`` itself if it is a folder, else the local snapshot of the hub id ``path``."""
-    return path if os.path.isdir(path) else _hub_snapshot(path)
-
-
-def _hub_snapshot(repo_id: str) -> str | None:
-    """sglang has already downloaded a hub model before loading it: find that snapshot."""
-    try:
-        from huggingface_hub import snapshot_download
-
-        return snapshot_download(repo_id, local_files_only=True)
-    except Exception:
-        return None
-
-
-def sglang_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("sglang")
-    except Exception:
-        return "unknown"
+def log_load(spec: DraftSpec, stream: DequantizingStream, folder: str | None, seconds: float):
+    stats = stream.stats
+    if stats.dequantized or stats.left_to_other_ranks:
+        schemes = ", ".join(f"{k} x{v}" for k, v in sorted(stats.schemes.items()))
+        logger.info(
+            "sglang-mtp-dequant: %s draft from %s: dequantized %d tensors (%s) to %s, "
+            "%d quantized bytes, %d companion tensors consumed, %d expert tensors left to "
+            "other ranks, %.3f s decoding (%.3f s whole load)",
+            spec.class_name,
+            folder,
+            stats.dequantized,
+            schemes,
+            str(stream.dtype).replace("torch.", ""),
+            stats.quantized_bytes,
+            stats.companions_consumed,
+            stats.left_to_other_ranks,
+            stats.seconds,
+            seconds,
+        )
+    if stats.already_float:
+        logger.info(
+            "sglang-mtp-dequant: %d quantized draft tensors arrived already float "
+            "(dequantized upstream); left as they were",
+            stats.already_float,
+        )

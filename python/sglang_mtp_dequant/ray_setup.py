@@ -44,6 +44,12 @@ import os
 import pkgutil
 from typing import Any
 
+from . import context
+from .checkpoint import Checkpoint
+from .config import CheckpointConfig
+from .drafts import DRAFT_SPECS
+from .sources import resolve_offline
+
 logger = logging.getLogger("sglang_mtp_dequant")
 
 #: what Ray imports and calls in each worker process of the job
@@ -93,10 +99,7 @@ def inactive_targets() -> list[str]:
     """
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from .drafts import DRAFT_SPECS
-    from .plugin import registered_targets
-
-    registered = registered_targets()
+    registered = context.registered_targets()
     missing = []
     for spec in DRAFT_SPECS:
         try:
@@ -130,13 +133,11 @@ def register_launch_guard() -> None:
     try:
         pkgutil.resolve_name(LAUNCH_TARGET)
     except Exception as exc:  # another sglang: say so, sglang's loader would only log it
-        from .plugin import sglang_version
-
         logger.warning(
             "sglang-mtp-dequant: %s is not available in sglang %s (%s: %s); Ray launches are "
             "NOT guarded: start Ray with worker_process_setup_hook=%s yourself",
             LAUNCH_TARGET,
-            sglang_version(),
+            context.sglang_version(),
             type(exc).__name__,
             exc,
             SETUP_HOOK,
@@ -201,32 +202,29 @@ def _submitted_job_runtime_env() -> dict | None:
 
 
 def draft_may_need_plugin(server_args: Any) -> bool:
-    """False only when no draft is configured, or its local checkpoint holds no integer draft
-    tensor: then the actors have nothing for the plugin to do. Anything unknown counts as
-    needing it (refusing a launch that would have worked is loud; the opposite is silent)."""
+    """False only when no draft is configured, or its checkpoint (resolved offline as sglang
+    resolves it) holds no draft tensor stored as codes: then the actors have nothing for the
+    plugin to do. Anything unknown counts as needing it (refusing a launch that would have
+    worked is loud; the opposite is silent)."""
     if not getattr(server_args, "speculative_algorithm", None):
         return False
-    from .plugin import local_folder
-
-    path = getattr(server_args, "speculative_draft_model_path", None) or getattr(
-        server_args, "model_path", None
-    )
+    draft = getattr(server_args, "speculative_draft_model_path", None)
+    path = draft or getattr(server_args, "model_path", None)
     if not path:
         return True
-    folder = local_folder(path)
-    if folder is None:
-        return True
+    revision_arg = "speculative_draft_model_revision" if draft else "revision"
     try:
-        from .checkpoint import Checkpoint
-        from .drafts import DRAFT_SPECS
-
-        with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
-            config = json.load(handle)  # NextN drafts are named after num_hidden_layers
+        source = resolve_offline(
+            path,
+            download_dir=getattr(server_args, "download_dir", None),
+            revision=getattr(server_args, revision_arg, None),
+        )
+        config = CheckpointConfig.read(source.folder)  # NextN drafts: num_hidden_layers
         rules = [spec.draft_names(config) for spec in DRAFT_SPECS]
-        ckpt = Checkpoint.open(folder, wanted=lambda name: any(rule(name) for rule in rules))
-    except Exception:
+        ckpt = Checkpoint.open(source, wanted=lambda name: any(rule(name) for rule in rules))
+    except Exception:  # noqa: BLE001 - anything unknown: assume the plugin is needed
         return True
-    return any(info.is_integer for info in ckpt.tensors.values())
+    return any(info.holds_codes for info in ckpt.tensors.values())
 
 
 def _refusal(why: str) -> PluginNotInRayWorkersError:

@@ -2,7 +2,8 @@
 
 Usage::
 
-    stream = DequantizingStream(plan, dtype=torch.bfloat16, is_draft=lambda n: n.startswith("mtp."))
+    stream = DequantizingStream(planner, torch.bfloat16, is_draft, owned=owned,
+                                observer=writes.on_streamed)
     model_load_weights(stream.apply(weights))   # names unchanged, before sglang's name mapping
     print(stream.stats.dequantized, stream.stats.seconds)
 
@@ -12,15 +13,23 @@ tensor under the checkpoint's own name lets every one of those paths (and every 
 unchanged. One tensor is decoded at a time, as it streams by, so no fp32 copy of more than
 one weight block ever exists.
 
-Two rules make it safe to stack with anything else:
+The plan is made when the first tensor arrives: sglang resolves the checkpoint's files when
+its weight iterator is first advanced, so only then does the plugin know (from what sglang
+recorded, ``sources.py``) which files are being streamed. Nothing has reached the draft's
+loaders yet, so a refused checkpoint still stops the load before a parameter is written.
+
+Rules that make it safe to stack with anything else:
 - a planned weight that arrives already floating point (an upstream fix, another plugin) is
   passed through untouched: no double dequantization;
-- an integer draft weight the plan does not know is refused: it would otherwise be copied
-  into a float parameter as raw codes, which is the bug this package exists for.
+- an expert that this rank's FusedMoE drops (expert parallelism, ``ownership.py``) is passed
+  through undecoded: sglang discards it, and the guard would see it if it did not;
+- an integer or float8 draft weight the plan does not know is refused: it would otherwise be
+  copied into a float parameter as raw codes, which is the bug this package exists for.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -28,20 +37,24 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import naming
+from .checkpoint import FLOAT8_DTYPES
 from .errors import DraftWeightError
+from .ownership import ExpertOwnership
 from .plan import DequantPlan
-from .schemes import fused_bf16
 
 Weights = Iterable[tuple[str, torch.Tensor]]
 
 
 @dataclass
 class StreamStats:
-    """What one pass of the stream did, for the INFO line and for tests."""
+    """What one pass of the stream did, for the INFO line, the benchmarks and tests."""
 
     dequantized: int = 0
     schemes: Counter[str] = field(default_factory=Counter)
     quantized_bytes: int = 0
+    decoded_codes: int = 0  # codes turned into weights (experts of other ranks excluded)
+    left_to_other_ranks: int = 0  # expert tensors passed on undecoded (sglang drops them)
     companions_consumed: int = 0
     already_float: int = 0
     seconds: float = 0.0
@@ -52,41 +65,39 @@ class DequantizingStream:
 
     def __init__(
         self,
-        plan: DequantPlan | None,
+        planner: Callable[[], DequantPlan | None],
         dtype: torch.dtype,
         is_draft: Callable[[str], bool],
+        owned: ExpertOwnership | None = None,
         missing_plan_hint: str = "",
+        observer: Callable[[str, torch.Tensor], None] | None = None,
     ) -> None:
-        self.plan = plan
+        self.planner = planner
+        self.plan: DequantPlan | None = None
         self.dtype = dtype
         self.is_draft = is_draft
+        self.owned = owned
         self.missing_plan_hint = missing_plan_hint
         self.stats = StreamStats()
-        #: draft checkpoint name -> dtype it streamed as (read by guard.py after the load)
+        #: draft checkpoint name -> dtype it streamed as (the guard names sources from it)
         self.streamed: dict[str, torch.dtype] = {}
+        #: told of each draft tensor handed to sglang (the completeness audit)
+        self.observer = observer
 
     def apply(self, weights: Weights) -> Iterator[tuple[str, torch.Tensor]]:
+        iterator = iter(weights)
+        first = next(iterator, None)  # sglang resolves its weight files on this first pull
+        if first is None:
+            return
+        self.plan = self.planner()
         entries = self.plan.to_dequantize if self.plan is not None else {}
         consumed = self.plan.consumed if self.plan is not None else set()
-        if entries and self.dtype == torch.bfloat16:
-            fused_bf16.warm_up()  # a no-op when the target load already started it
-        for name, tensor in weights:
-            self._note_streamed(name, tensor)
+        for name, tensor in itertools.chain((first,), iterator):
+            if self.is_draft(name):
+                self.streamed[name] = tensor.dtype
             entry = entries.get(name)
             if entry is not None:
-                if tensor.is_floating_point():
-                    self.stats.already_float += 1
-                    yield name, tensor
-                    continue
-                started = time.perf_counter()
-                self._check_matches_header(name, tensor)
-                decoded = entry.decoder.decompress(tensor, self.dtype)
-                self.stats.seconds += time.perf_counter() - started
-                self.stats.dequantized += 1
-                self.stats.schemes[entry.scheme or "?"] += 1
-                self.stats.quantized_bytes += tensor.numel() * tensor.element_size()
-                yield name, decoded
-                del decoded  # the loader has copied it: do not keep it alive until the next one
+                yield self._hand_on(name, self._decode(name, tensor, entry))
             elif name in consumed:
                 self.stats.companions_consumed += 1
             else:
@@ -95,22 +106,24 @@ class DequantizingStream:
                         tensor=name,
                         file=None,
                         problem=(
-                            f"streamed as {str(tensor.dtype).replace('torch.', '')} integer "
-                            "codes into an unquantized draft, and the plugin has no scale for it"
+                            f"streamed as {str(tensor.dtype).replace('torch.', '')} codes into "
+                            "an unquantized draft, and the plugin has no scale for it"
                         ),
                         hint=self.missing_plan_hint
                         or "serve the draft quantized, or load it from a local checkpoint folder",
                     )
-                yield name, tensor
+                yield self._hand_on(name, tensor)
 
-    def _note_streamed(self, name: str, tensor: torch.Tensor) -> None:
-        """Remember each draft name and its on-disk dtype: the misload guard (``guard.py``)
-        names the checkpoint tensors behind a suspect parameter from this record."""
-        if self.is_draft(name):
-            self.streamed[name] = tensor.dtype
+    def _hand_on(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
+        if self.observer is not None and self.is_draft(name):
+            self.observer(name, tensor)
+        return name, tensor
 
-    def _check_matches_header(self, name: str, tensor: torch.Tensor) -> None:
-        info = self.plan.entries[name].info
+    def _decode(self, name: str, tensor: torch.Tensor, entry) -> torch.Tensor:
+        if tensor.is_floating_point() and tensor.dtype not in FLOAT8_DTYPES:
+            self.stats.already_float += 1
+            return tensor
+        info = entry.info
         if tensor.dtype != info.dtype or tuple(tensor.shape) != info.shape:
             raise DraftWeightError(
                 tensor=name,
@@ -121,11 +134,26 @@ class DequantizingStream:
                 ),
                 hint="the checkpoint changed during loading, or two files hold this name",
             )
+        only = None
+        if self.owned is not None:
+            if not self.owned.keeps(name):
+                self.stats.left_to_other_ranks += 1
+                return tensor
+            if naming.is_fused_experts(name) and len(entry.decoder.shape) >= 3:
+                only = self.owned.kept_experts(name, entry.decoder.shape[0])
+        started = time.perf_counter()
+        decoded = entry.decoder.decompress(tensor, self.dtype, only=only)
+        self.stats.seconds += time.perf_counter() - started
+        self.stats.dequantized += 1
+        self.stats.schemes[entry.scheme or "?"] += 1
+        self.stats.quantized_bytes += tensor.numel() * tensor.element_size()
+        total = decoded.numel()
+        self.stats.decoded_codes += total if only is None else total // decoded.shape[0] * len(only)
+        return decoded
 
     def _is_unplanned_code(self, name: str, tensor: torch.Tensor) -> bool:
-        if tensor.is_floating_point() or tensor.dtype == torch.bool:
-            return False
-        if not self.is_draft(name):
+        codes = not tensor.is_floating_point() or tensor.dtype in FLOAT8_DTYPES
+        if not codes or tensor.dtype == torch.bool or not self.is_draft(name):
             return False
         # integer companions (quant_bias, int64 deq_scale, ...) of float weights are left to
         # sglang as stock would; a weight itself must never arrive as codes

@@ -48,12 +48,14 @@ import torch
 
 from ..checkpoint import TensorInfo
 from ..errors import DraftWeightError
+from .affine import AffineDecoder
 from .base import (
+    FLOAT_STORAGE,
     REEXPORT,
-    AffineDecoder,
     Scheme,
     per_row_groups,
     positive,
+    register_scheme,
     require,
     scale_and_offset,
 )
@@ -187,15 +189,27 @@ def _require_zero(weight: TensorInfo, companions: Mapping[str, torch.Tensor], su
     )
 
 
+@register_scheme
 class W4A8Dynamic(Scheme):
-    """W4A8_DYNAMIC: int4 weights, one scale per output channel, optionally two-stage."""
+    """W4A8_DYNAMIC: int4 weights, one scale per output channel, optionally two-stage.
+
+    ``weight_offset_second`` is int64 in msmodelslim's two-stage export (zeros)."""
 
     types = ("W4A8_DYNAMIC",)
-    reads = ("weight_scale", "weight_offset", "weight_scale_second", "weight_offset_second")
+    companions = {
+        "weight_scale": FLOAT_STORAGE,
+        "weight_offset": FLOAT_STORAGE,
+        "weight_scale_second": FLOAT_STORAGE,
+        "weight_offset_second": (torch.int64, *FLOAT_STORAGE),
+    }
 
-    def prepare(self, weight, companions, group_size, format_version=None):
-        self._check_storage(weight, (torch.int8,))
-        raw_scale = require(weight, companions, "weight_scale", self.types[0])
+    @classmethod
+    def claims(cls, weight, suffixes):
+        # scale_bias and weight_scale_second exist only beside W4A8_DYNAMIC int4 codes
+        return weight.is_integer and bool(suffixes & {"scale_bias", "weight_scale_second"})
+
+    def prepare(self, weight, values, group_size, format_version=None):
+        raw_scale = require(weight, values, "weight_scale", self.types[0])
         out = _out_features(weight, raw_scale, self.types[0])
         rows, cols = weight.shape[-2:]
         if rows * 2 == out:
@@ -205,14 +219,14 @@ class W4A8Dynamic(Scheme):
         else:
             raise _layout_error(weight, self.types[0], out, "expected out/2 or out rows")
         shape = (*weight.shape[:-2], out, cols)
-        _require_zero(weight, companions, "weight_offset")
-        _require_zero(weight, companions, "weight_offset_second")
+        _require_zero(weight, values, "weight_offset")
+        _require_zero(weight, values, "weight_offset_second")
         scale = positive(
             weight,
             per_row_groups(weight, shape, raw_scale, "weight_scale", group_size),
             "weight_scale",
         )
-        if "weight_scale_second" not in companions:
+        if "weight_scale_second" not in values:
             return AffineDecoder(weight.name, weight.file, shape, scale, None, inner)
         if scale.shape[1] != 1:
             raise DraftWeightError(
@@ -224,7 +238,7 @@ class W4A8Dynamic(Scheme):
         second = positive(
             weight,
             per_row_groups(
-                weight, shape, companions["weight_scale_second"], "weight_scale_second", group_size
+                weight, shape, values["weight_scale_second"], "weight_scale_second", group_size
             ),
             "weight_scale_second",
         )
@@ -240,6 +254,7 @@ def _exact_in_int16(second: torch.Tensor) -> bool:
     return bool((second == second.round()).all()) and float(second.max()) * 8 < 2**15
 
 
+@register_scheme
 class W4A16Int4(Scheme):
     """W4A16: int4 weights with asymmetric ``weight_scale`` / ``weight_offset``.
 
@@ -249,11 +264,10 @@ class W4A16Int4(Scheme):
     """
 
     types = ("W4A16",)
-    reads = ("weight_scale", "weight_offset")
+    companions = {"weight_scale": FLOAT_STORAGE, "weight_offset": FLOAT_STORAGE}
 
-    def prepare(self, weight, companions, group_size, format_version=None):
-        self._check_storage(weight, (torch.int8,))
-        raw_scale = require(weight, companions, "weight_scale", self.types[0])
+    def prepare(self, weight, values, group_size, format_version=None):
+        raw_scale = require(weight, values, "weight_scale", self.types[0])
         out = _out_features(weight, raw_scale, self.types[0])
         per_group = raw_scale.ndim == len(weight.shape) and raw_scale.shape[-1] > 1
         packed = format_version == PACKED_VERSION
@@ -272,5 +286,5 @@ class W4A16Int4(Scheme):
             why = f"quant_model_description.json has no 'version': '{PACKED_VERSION}'"
             inner, logical = _OneCodePerByte(weight.name, weight.file, why), (out, cols)
         shape = (*weight.shape[:-2], *logical)
-        scale, offset = scale_and_offset(weight, shape, raw_scale, companions, group_size)
+        scale, offset = scale_and_offset(weight, shape, raw_scale, values, group_size)
         return AffineDecoder(weight.name, weight.file, shape, scale, offset, inner)

@@ -6,17 +6,22 @@ import torch
 
 from ..checkpoint import TensorInfo
 from ..errors import DraftWeightError
+from .affine import AffineDecoder
 from .base import (
+    FLOAT_STORAGE,
     REEXPORT,
-    AffineDecoder,
     Scheme,
     per_row_groups,
     positive,
+    register_scheme,
     require,
     scale_and_offset,
 )
 
+_INT4_MARKERS = frozenset({"scale_bias", "weight_scale_second"})
 
+
+@register_scheme
 class AffineInt8(Scheme):
     """W8A8_DYNAMIC: int8 codes, ``weight_scale`` and ``weight_offset``.
 
@@ -25,20 +30,25 @@ class AffineInt8(Scheme):
     """
 
     types = ("W8A8_DYNAMIC",)
-    reads = ("weight_scale", "weight_offset")
+    companions = {"weight_scale": FLOAT_STORAGE, "weight_offset": FLOAT_STORAGE}
     #: whether a missing weight_offset is an error (it is where offsets carry information)
     offset_required = False
 
-    def prepare(self, weight, companions, group_size, format_version=None):
-        self._check_storage(weight, (torch.int8,))
+    @classmethod
+    def claims(cls, weight, suffixes):
+        # a weight_scale alone decodes the same way under W8A8_DYNAMIC and W8A16
+        return weight.is_integer and "weight_scale" in suffixes and not suffixes & _INT4_MARKERS
+
+    def prepare(self, weight, values, group_size, format_version=None):
         shape = self.logical_shape(weight)
-        raw_scale = require(weight, companions, "weight_scale", self.types[0])
+        raw_scale = require(weight, values, "weight_scale", self.name)
         if self.offset_required:
-            require(weight, companions, "weight_offset", self.types[0])
-        scale, offset = scale_and_offset(weight, shape, raw_scale, companions, group_size)
+            require(weight, values, "weight_offset", self.name)
+        scale, offset = scale_and_offset(weight, shape, raw_scale, values, group_size)
         return AffineDecoder(weight.name, weight.file, shape, scale, offset)
 
 
+@register_scheme
 class AsymmetricInt8(AffineInt8):
     """W8A16: as W8A8_DYNAMIC, but asymmetric: the offsets are nonzero, so one that is missing
     would decode every weight shifted, and is an error instead."""
@@ -46,7 +56,12 @@ class AsymmetricInt8(AffineInt8):
     types = ("W8A16",)
     offset_required = True
 
+    @classmethod
+    def claims(cls, weight, suffixes):
+        return False  # indistinguishable from W8A8_DYNAMIC without the description
 
+
+@register_scheme
 class StaticInt8(Scheme):
     """W8A8 (static activations) and W8A8_MIX.
 
@@ -57,15 +72,26 @@ class StaticInt8(Scheme):
     """
 
     types = ("W8A8", "W8A8_MIX")
-    reads = ("weight_scale", "weight_offset", "deq_scale", "input_scale")
+    companions = {
+        "weight_scale": FLOAT_STORAGE,
+        "weight_offset": FLOAT_STORAGE,
+        "deq_scale": (torch.float32, torch.int64),
+        "input_scale": FLOAT_STORAGE,
+    }
 
-    def prepare(self, weight, companions, group_size, format_version=None):
-        if "weight_scale" in companions:
-            return AffineInt8().prepare(weight, companions, group_size)
-        self._check_storage(weight, (torch.int8,))
+    @classmethod
+    def claims(cls, weight, suffixes):
+        return weight.is_integer and "deq_scale" in suffixes and "weight_scale" not in suffixes
+
+    def prepare(self, weight, values, group_size, format_version=None):
         shape = self.logical_shape(weight)
-        deq_scale = float32_bits(weight, require(weight, companions, "deq_scale", "W8A8"))
-        input_scale = require(weight, companions, "input_scale", "W8A8").to(torch.float32)
+        if "weight_scale" in values:
+            scale, offset = scale_and_offset(
+                weight, shape, values["weight_scale"], values, group_size
+            )
+            return AffineDecoder(weight.name, weight.file, shape, scale, offset)
+        deq_scale = float32_bits(weight, require(weight, values, "deq_scale", "W8A8"))
+        input_scale = require(weight, values, "input_scale", "W8A8").to(torch.float32)
         if input_scale.numel() != 1:
             raise DraftWeightError(
                 tensor=weight.name,
@@ -83,8 +109,6 @@ class StaticInt8(Scheme):
 
 def float32_bits(weight: TensorInfo, deq_scale: torch.Tensor) -> torch.Tensor:
     """``deq_scale`` as f32: int64 storage holds the f32 bit pattern in its low 32 bits."""
-    if deq_scale.dtype.is_floating_point:
-        return deq_scale.to(torch.float32)
     if deq_scale.dtype == torch.int64:
         if bool(((deq_scale < 0) | (deq_scale > 0xFFFFFFFF)).any()):
             raise DraftWeightError(
@@ -94,9 +118,4 @@ def float32_bits(weight: TensorInfo, deq_scale: torch.Tensor) -> torch.Tensor:
                 hint=REEXPORT,
             )
         return (deq_scale & 0xFFFFFFFF).to(torch.int32).view(torch.float32)
-    raise DraftWeightError(
-        tensor=weight.name,
-        file=weight.file,
-        problem=f"deq_scale is {deq_scale.dtype}, expected float32 or int64",
-        hint=REEXPORT,
-    )
+    return deq_scale.to(torch.float32)

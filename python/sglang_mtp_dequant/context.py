@@ -1,0 +1,104 @@
+"""What this process knows: the sglang version, the hooks in place, where the draft's weights came from.
+
+Usage::
+
+    context.sglang_version()                        # "0.5.23", or "unknown"
+    context.mark_registered(target); context.registered_targets()
+    context.record_weight_source(WeightSource(...))  # by the loader hooks (sources.py)
+    context.weight_sources()                        # every resolution sglang made, oldest first
+    context.draft_launch()                          # the draft's path, revision, --download-dir
+
+Why one module: the hooks (``plugin.py``), the Ray set-up (``ray_setup.py``) and the CLI all
+need these facts, and each used to keep or re-derive its own copy (and import the others to
+get at it). This module imports no other module of the package, so anything can import it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+#: hook targets registered in this process (``plugin.register()`` may run more than once)
+_registered: set[str] = set()
+#: weight resolutions sglang's loader made in this process, oldest first
+_weight_sources: list[WeightSource] = []
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class WeightSource:
+    """One checkpoint resolution: the folder and the weight files sglang streams from it.
+
+    ``files`` are the paths exactly as sglang's loader holds them (in a Hugging Face snapshot:
+    the symlinks of the snapshot folder, which point into ``../../blobs``), in its order.
+    """
+
+    requested: str  # what sglang was asked to load: a folder, or a hub id
+    folder: str
+    files: tuple[str, ...]
+    how: str  # who resolved it, for log lines and the doctor's header
+
+
+@dataclass(frozen=True)
+class DraftLaunch:
+    """The server arguments that decide where the draft's weights come from."""
+
+    path: str
+    revision: str | None
+    download_dir: str | None
+    load_format: str
+
+
+def sglang_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:  # noqa: BLE001 - not installed, or broken metadata
+        return "unknown"
+
+
+def mark_registered(target: str) -> None:
+    _registered.add(target)
+
+
+def registered_targets() -> frozenset[str]:
+    """The hook targets this process registered with sglang's ``HookRegistry``."""
+    return frozenset(_registered)
+
+
+def record_weight_source(source: WeightSource) -> None:
+    with _lock:
+        _weight_sources.append(source)
+
+
+def weight_sources() -> tuple[WeightSource, ...]:
+    with _lock:
+        return tuple(_weight_sources)
+
+
+def draft_launch() -> DraftLaunch | None:
+    """The draft's checkpoint as sglang's draft worker loads it, or None outside sglang.
+
+    The draft worker builds its ``ModelConfig`` from the resolved
+    ``speculative_draft_model_path`` / ``speculative_draft_model_revision`` (sglang fills them
+    from ``--model-path`` / ``--revision`` for an MTP draft), and its ``LoadConfig`` from
+    ``--download-dir`` and ``--speculative-draft-load-format`` (else ``--load-format``).
+    """
+    try:
+        from sglang.srt.runtime_context import get_model, get_spec
+
+        model, spec = get_model(), get_spec()
+        path = spec.speculative_draft_model_path or model.model_path
+        revision = (
+            spec.speculative_draft_model_revision
+            if spec.speculative_draft_model_path
+            else model.revision
+        )
+        load_format = spec.speculative_draft_load_format or model.load_format
+        download_dir = model.download_dir
+    except Exception:  # noqa: BLE001 - no context published: not inside sglang's start-up
+        return None
+    if not path:
+        return None
+    return DraftLaunch(path, revision, download_dir, str(load_format or "auto"))

@@ -1,0 +1,125 @@
+"""The guard: refuse a loaded draft that would serve garbage, whatever the checkpoint claimed.
+
+Usage::
+
+    with WriteRecorder(model, from_target=spec.from_target) as writes:
+        model.load_weights(stream.apply(weights))        # (plugin.py does this)
+    check_loaded_draft(model, stream, writes, "Qwen3_5ForCausalLMMTP", folder="/ckpt")
+
+``SGLANG_MTP_DEQUANT_GUARD`` = ``error`` (default: stop the start-up) | ``warn`` (log the same
+message once and go on) | ``off`` (skip the check).
+
+Two questions, one per module, after sglang's own loaders have stacked and scattered the
+weights:
+
+- ``writes``: was every part of every draft parameter written (every q/k/v shard, every
+  expert this rank keeps)? Parameters the draft takes from the target afterwards
+  (embedding, lm_head) are declared per draft class (``drafts.py``), not guessed.
+- ``values``: do the written float parameters hold raw codes (integer, float8, fp4) or NaN?
+
+``report`` names each refused parameter, the checkpoint tensors that fed it (or that the
+draft class skipped), and what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from .report import (
+    MODE_ENV,
+    Finding,
+    MisloadedDraftError,
+    SourceIndex,
+    sources_from_stream,
+)
+from .values import code_evidence, nonfinite_rows
+from .writes import WriteRecorder
+
+logger = logging.getLogger("sglang_mtp_dequant")
+
+MODES = ("error", "warn", "off")
+
+__all__ = [
+    "MODE_ENV",
+    "Finding",
+    "MisloadedDraftError",
+    "WriteRecorder",
+    "check_loaded_draft",
+    "guard_mode",
+    "inspect_parameters",
+]
+
+
+def guard_mode() -> str:
+    """The mode from ``SGLANG_MTP_DEQUANT_GUARD``; a typo stops the start-up, not the guard."""
+    raw = os.environ.get(MODE_ENV, "error").strip().lower() or "error"
+    if raw not in MODES:
+        raise ValueError(
+            f"sglang-mtp-dequant: {MODE_ENV}={os.environ.get(MODE_ENV)!r} is not one of "
+            f"{', '.join(MODES)}. What to do: set it to one of those, or unset it (error)"
+        )
+    return raw
+
+
+def inspect_parameters(
+    params: dict[str, torch.Tensor], sources: SourceIndex | None = None
+) -> list[Finding]:
+    """Every float parameter holding codes or NaN, or fed by raw codes nothing decoded."""
+    findings = []
+    for name, param in params.items():
+        if not param.is_floating_point():
+            continue
+        fed = sources.sources_of(name) if sources is not None else []
+        evidence = code_evidence(param)
+        bad_rows = nonfinite_rows(param) if evidence is None else 0
+        if evidence is not None or bad_rows or any(s.raw_codes for s in fed):
+            findings.append(
+                Finding(
+                    name, param.dtype, tuple(param.shape), evidence, None, bad_rows, sources=fed
+                )
+            )
+    return findings
+
+
+def check_loaded_draft(
+    model: torch.nn.Module,
+    stream: object,
+    writes: WriteRecorder,
+    class_name: str,
+    folder: str | None = None,
+) -> list[Finding]:
+    """Run both checks on a draft sglang just loaded; raise, warn or pass per the mode.
+
+    Silent when nothing is found.
+    """
+    mode = guard_mode()
+    if mode == "off":
+        return []
+    packed = getattr(model, "packed_modules_mapping", None)
+    sources = SourceIndex(sources_from_stream(stream), packed, writes.fed_by)
+    unwritten = writes.unwritten()
+    findings = [
+        Finding(
+            name,
+            writes.params[name].dtype,
+            tuple(writes.params[name].shape),
+            unwritten=what,
+            sources=sources.sources_of(name),
+        )
+        for name, what in unwritten.items()
+    ]
+    # values of the complete ones (a part never written holds whatever memory held)
+    written = {
+        n: writes.params[n] for n in sorted(writes.written_parameters()) if n not in unwritten
+    }
+    findings += inspect_parameters(written, sources)
+    if not findings:
+        return []
+    error = MisloadedDraftError(findings, class_name, folder, writes.skipped_names())
+    if mode == "warn":
+        logger.warning("%s (continuing: %s=warn)", error, MODE_ENV)
+        return findings
+    raise error

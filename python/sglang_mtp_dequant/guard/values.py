@@ -1,0 +1,184 @@
+"""The value test: does a float parameter hold raw low-precision codes instead of weights?
+
+Usage::
+
+    evidence = code_evidence(param)     # None for ordinary float weights
+    evidence.describe()                 # "rows 0-383 of 384 are all integers (absmax 127, ...)"
+
+Why values: the plan and the stream decide from names, dtypes and the description, and a
+checkpoint can lie to all three (codes stored in a bf16 tensor, a description that says FLOAT,
+names this package does not know, an upstream fix that half worked). Parameters cannot lie.
+Codes copied into a float parameter without their scales keep the grid of their format:
+
+- integer codes (int8, unpacked int4, uint8): every value a whole number, dozens of distinct
+  ones, reaching far beyond a trained weight's range (absmax 127);
+- float8 codes (e4m3, e5m2): every value has at most 3 mantissa bits and lies in the format's
+  range; scaled exports fill that range (absmax up to 448 / 57344);
+- fp4 codes (e2m1): every value is one of 0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6.
+
+A trained or freshly initialised float weight is on none of these grids (its values use all of
+bf16's 8 mantissa bits), while a norm of ones or a zero bias is on all of them but has one or
+two distinct values, so the guard asks for enough distinct values and a large enough absmax.
+
+Cost: ordinary float rows are rejected from a few sampled columns each; rows whose samples are
+all on a grid are read in full until the evidence is conclusive (the first block of about 4 M
+values), and the rest of them are reported from their samples (``benchmarks/bench_guard.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+#: columns sampled per row before a row is read in full
+SAMPLE_COLUMNS = 8
+#: rows are read in blocks of about this many elements (bounded temporary memory)
+_BLOCK_ELEMENTS = 1 << 22
+#: distinct values are counted on about this many elements of each block's code rows
+_DISTINCT_SAMPLE = 1 << 16
+
+_FP4_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+@dataclass(frozen=True)
+class CodeFormat:
+    """One grid of raw codes and how much evidence it takes to call a tensor code-filled."""
+
+    name: str
+    min_absmax: float
+    min_distinct: int
+
+    def on_grid(self, values: torch.Tensor, informative: float) -> torch.Tensor:
+        """Per row of fp32 ``values``: is every value a code of this format?"""
+        magnitude = values.abs()
+        if self.name == "integer":
+            # all finite whole numbers (frac is NaN for inf), mostly below 2**mantissa_bits of
+            # the parameter's dtype: a row of huge bf16 values is integral by representation
+            small = magnitude < informative
+            return (torch.frac(values) == 0).all(dim=-1) & (small.sum(dim=-1) * 4 >= values.shape[-1])
+        if self.name == "fp4":
+            return torch.isin(magnitude, _FP4_VALUES).all(dim=-1)
+        # float8: at most 3 mantissa bits and within e5m2's range (e4m3's is inside it)
+        bits = values.view(torch.int32)
+        few_bits = (bits & ((1 << 20) - 1)) == 0
+        return (few_bits & (magnitude <= 57344.0) & torch.isfinite(values)).all(dim=-1)
+
+
+#: checked in this order: integers are on the float8 grid up to 16, fp4 values always are
+INTEGER = CodeFormat("integer", min_absmax=8.0, min_distinct=16)
+FP4 = CodeFormat("fp4", min_absmax=3.0, min_distinct=8)
+FLOAT8 = CodeFormat("float8", min_absmax=16.0, min_distinct=16)
+FORMATS = (INTEGER, FP4, FLOAT8)
+
+_DESCRIPTIONS = {
+    "integer": "all integers",
+    "fp4": "all fp4 (e2m1) values",
+    "float8": "all float8 values (at most 3 mantissa bits)",
+}
+
+
+@dataclass(frozen=True)
+class CodeEvidence:
+    """Why a parameter's values look like raw codes rather than weights."""
+
+    rows: tuple[tuple[int, int], ...]  # [start, stop) ranges of code rows
+    total_rows: int
+    absmax: float
+    distinct: int  # distinct values seen (counting stops at the threshold)
+    kind: str = "integer"
+
+    def describe(self) -> str:
+        ranges = ", ".join(f"{a}-{b - 1}" if b - a > 1 else str(a) for a, b in self.rows[:4])
+        if len(self.rows) > 4:
+            ranges += f" (+{len(self.rows) - 4} more ranges)"
+        return (
+            f"rows {ranges} of {self.total_rows} are {_DESCRIPTIONS.get(self.kind, self.kind)} "
+            f"(absmax {self.absmax:g}, at least {self.distinct} distinct values)"
+        )
+
+
+def code_evidence(tensor: torch.Tensor) -> CodeEvidence | None:
+    """Evidence that rows of a float tensor hold raw codes of some format, or None."""
+    for fmt in FORMATS:
+        evidence = grid_evidence(tensor, fmt)
+        if evidence is not None:
+            return evidence
+    return None
+
+
+def integer_code_evidence(tensor: torch.Tensor) -> CodeEvidence | None:
+    return grid_evidence(tensor, INTEGER)
+
+
+def nonfinite_rows(tensor: torch.Tensor) -> int:
+    """How many rows hold NaN or inf: never in a trained weight, always in an unwritten slot
+    that the plugin filled with NaN (experts another rank keeps)."""
+    if not tensor.is_floating_point() or tensor.numel() == 0:
+        return 0
+    flat = tensor.detach().reshape(-1, tensor.shape[-1]) if tensor.dim() else tensor.reshape(1, 1)
+    return int((~torch.isfinite(flat)).any(dim=-1).sum())
+
+
+def grid_evidence(tensor: torch.Tensor, fmt: CodeFormat) -> CodeEvidence | None:
+    """Evidence that rows of a float ``tensor`` hold codes of ``fmt``, or None.
+
+    A row (the last dimension; a 1-D tensor is one row) is suspect when every value in it is on
+    the format's grid. The tensor is flagged when its suspect rows together reach
+    ``fmt.min_absmax`` and hold at least ``fmt.min_distinct`` distinct values. Row-wise, so a
+    stacked parameter (qkv_proj) whose k rows hold codes while q rows hold weights is caught.
+    """
+    if not tensor.is_floating_point() or tensor.numel() == 0:
+        return None
+    flat = tensor.detach()
+    flat = flat.reshape(1, -1) if flat.dim() < 2 else flat.reshape(-1, flat.shape[-1])
+    rows, cols = flat.shape
+    informative = 1.0 / torch.finfo(flat.dtype).eps  # 2**mantissa_bits: 128 for bf16
+    sample = flat[:, :: max(1, cols // SAMPLE_COLUMNS)].float()
+    maybe = fmt.on_grid(sample, informative)
+    if not bool(maybe.any()):
+        return None  # the common case: every row has an off-grid value among its samples
+    candidates = maybe.nonzero().flatten()
+    block = max(1, _BLOCK_ELEMENTS // cols)
+    code_rows: list[torch.Tensor] = []
+    absmax = 0.0
+    values = torch.empty(0)
+    for start in range(0, candidates.numel(), block):
+        index = candidates[start : start + block]
+        first, last = int(index[0]), int(index[-1])
+        if last - first + 1 == index.numel():  # a run of rows (codes: all of them): a view
+            part = flat[first : last + 1].float()
+        else:
+            part = flat.index_select(0, index).float()
+        whole = fmt.on_grid(part, informative)
+        if not bool(whole.any()):
+            continue
+        if not bool(whole.all()):
+            part = part[whole]
+        code_rows.append(index[whole])
+        absmax = max(absmax, float(part.abs().max()))
+        if values.numel() < fmt.min_distinct:  # counted on a slice, until the threshold is met
+            seen = part[: max(1, _DISTINCT_SAMPLE // cols)].flatten()
+            if fmt is INTEGER:
+                seen = seen[seen.abs() < informative]
+            values = torch.unique(torch.cat([values, seen.cpu()]))
+        if absmax >= fmt.min_absmax and values.numel() >= fmt.min_distinct:
+            # conclusive on fully read rows: the remaining candidate rows (samples on the
+            # grid) are reported as they are, not read again
+            code_rows.append(candidates[start + block :])
+            break
+    if not code_rows or absmax < fmt.min_absmax or values.numel() < fmt.min_distinct:
+        return None
+    return CodeEvidence(
+        _ranges(torch.cat(code_rows).tolist()), rows, absmax, int(values.numel()), fmt.name
+    )
+
+
+def _ranges(indices: list[int]) -> tuple[tuple[int, int], ...]:
+    out: list[tuple[int, int]] = []
+    for i in sorted(indices):
+        if out and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return tuple(out)

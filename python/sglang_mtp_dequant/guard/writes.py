@@ -1,0 +1,210 @@
+"""The completeness audit: which parts of each draft parameter did sglang's loaders write?
+
+Usage::
+
+    with WriteRecorder(model, from_target=("embed_tokens", "lm_head")) as writes:
+        stream = DequantizingStream(..., observer=writes.on_streamed)
+        model.load_weights(stream.apply(weights))
+    writes.unwritten()        # {"model.layers.0.qkv_proj.weight": "shard 'k'", ...}
+    writes.skipped_names()    # draft checkpoint names that reached no parameter
+    writes.fed_by["model.layers.0.qkv_proj.weight"]   # the names that wrote it
+
+Why: sglang's draft ``load_weights`` skip names they do not know (a log line at best, nothing
+at worst) and never check that every parameter was written, so a checkpoint missing one
+projection, one expert or ``mtp.fc``, or naming one the class does not expect, starts a
+server whose draft holds uninitialised memory. Every write of every hooked class goes through
+the parameter's ``weight_loader`` attribute, or ``getattr(param, "weight_loader",
+default_weight_loader)`` (sglang 0.5.23, read per class), so wrapping that attribute for the
+length of the load records each write without changing it: the wrapper calls the original
+loader with the same arguments and returns its result.
+
+What a part is:
+- a stacked linear (``qkv_proj``: shards ``q``/``k``/``v``; ``gate_up_proj``: 0/1; any
+  ``MergedColumnParallelLinear``: one per output size); a call without a shard id writes all;
+- a FusedMoE parameter: one per (local expert, shard) this rank keeps, asked of the layer's own
+  mapping (a call for an expert another rank keeps writes nothing: the loader returns early);
+- anything else: the whole parameter.
+DeepSeek's loader writes from a thread pool, so the record is locked.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+_MAP = "_map_global_expert_id_to_local_expert_id"
+_ALL = ("all",)
+
+
+class WriteRecorder:
+    """Wraps every draft parameter's ``weight_loader`` for one load and records its writes."""
+
+    def __init__(self, model: torch.nn.Module, from_target: Iterable[str] = ()) -> None:
+        from_target = tuple(from_target)
+        self.params = {
+            name: param
+            for name, param in model.named_parameters()
+            if not any(token in from_target for token in name.split("."))
+        }
+        self.written: dict[str, set[tuple]] = {name: set() for name in self.params}
+        self._expected: dict[str, set[tuple] | None] = {}
+        self._saved: list[tuple[torch.nn.Parameter, bool, Any]] = []
+        self._lock = threading.Lock()
+        self._main = threading.get_ident()
+        self._current: str | None = None
+        self._storage_names: dict[int, str] = {}
+        self._streamed: list[str] = []
+        #: parameter -> the streamed checkpoint names whose writes reached it, in write order
+        self.fed_by: dict[str, list[str]] = {name: [] for name in self.params}
+
+    # -- installing -----------------------------------------------------------------------
+
+    def __enter__(self) -> WriteRecorder:
+        from sglang.srt.model_loader.weight_utils import default_weight_loader
+
+        for name, param in self.params.items():
+            had = "weight_loader" in vars(param)
+            original = getattr(param, "weight_loader", default_weight_loader)
+            self._saved.append((param, had, original))
+            self._expected[name] = _expected_parts(getattr(original, "__self__", None), name)
+            param.weight_loader = self._recording(name, original)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for param, had, original in self._saved:
+            if had:
+                param.weight_loader = original
+            else:
+                del param.weight_loader
+        self._saved.clear()
+
+    def on_streamed(self, name: str, tensor: torch.Tensor) -> None:
+        """The stream hands ``name`` to sglang: writes on this thread until the next name, and
+        writes of this tensor's storage (or a view of it) on any thread, are its."""
+        self._current = name
+        self._streamed.append(name)
+        self._storage_names[_storage(tensor)] = name
+
+    def _recording(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        module = getattr(original, "__self__", None)
+        part_of = _part_reader(module, name)
+
+        def recording_weight_loader(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            loaded = args[1] if len(args) > 1 else kwargs.get("loaded_weight")
+            part = part_of(args, kwargs)
+            with self._lock:
+                if part is not None:
+                    self.written[name].add(part)
+                source = self._source_of(loaded)
+                if source is not None and source not in self.fed_by[name]:
+                    self.fed_by[name].append(source)
+            return result
+
+        recording_weight_loader.__wrapped__ = original  # type: ignore[attr-defined]
+        return recording_weight_loader
+
+    def _source_of(self, loaded: object) -> str | None:
+        """The streamed name a write came from: the tensor's storage (a view or chunk of what
+        the stream handed on), else the name being processed when the write ran on the
+        loading thread (a concatenation of buffered halves: attributed to the second)."""
+        if isinstance(loaded, torch.Tensor):
+            found = self._storage_names.get(_storage(loaded))
+            if found is not None:
+                return found
+        if threading.get_ident() == self._main:
+            return self._current
+        return None
+
+    # -- the answer -------------------------------------------------------------------------
+
+    def unwritten(self) -> dict[str, str]:
+        """parameter -> which of its parts no loader wrote (parameters fully written omitted)."""
+        missing = {}
+        for name in self.params:
+            expected = self._expected.get(name)
+            done = self.written[name]
+            if _ALL in done:
+                continue
+            if expected is None:
+                if not done:
+                    missing[name] = "no write at all"
+                continue
+            left = sorted(expected - done, key=repr)
+            if left:
+                missing[name] = _describe_parts(left, len(expected))
+        return missing
+
+    def written_parameters(self) -> set[str]:
+        return {name for name, parts in self.written.items() if parts}
+
+    def skipped_names(self) -> list[str]:
+        """Streamed draft names whose tensor reached no parameter's loader."""
+        fed = {n for names in self.fed_by.values() for n in names}
+        return [n for n in self._streamed if n not in fed]
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - tensor subclasses without storage
+        return id(tensor)
+
+
+def _arg(args: tuple, kwargs: dict, index: int, *names: str) -> Any:
+    for key in names:
+        if key in kwargs:
+            return kwargs[key]
+    return args[index] if len(args) > index else None
+
+
+def _part_reader(module: Any, name: str) -> Callable[[tuple, dict], tuple | None]:
+    """How to read, from one weight_loader call, which part of the parameter it wrote."""
+    if module is not None and callable(getattr(module, _MAP, None)):
+        mapping = getattr(module, _MAP)
+
+        def expert_part(args: tuple, kwargs: dict) -> tuple | None:
+            expert = _arg(args, kwargs, 4, "expert_id")
+            shard = _arg(args, kwargs, 3, "shard_id")
+            if expert is None:
+                return _ALL
+            local = mapping(int(expert))
+            return None if local < 0 else (local, shard)  # another rank's: nothing written
+
+        return expert_part
+    if module is not None and hasattr(module, "output_sizes"):
+
+        def shard_part(args: tuple, kwargs: dict) -> tuple | None:
+            shard = _arg(args, kwargs, 2, "loaded_shard_id")
+            return _ALL if shard is None else ("shard", shard)
+
+        return shard_part
+    return lambda args, kwargs: _ALL
+
+
+def _expected_parts(module: Any, name: str) -> set[tuple] | None:
+    """Every part a complete load writes into parameter ``name`` of ``module`` (the owner of
+    its weight_loader); None: one write is complete."""
+    if module is not None and callable(getattr(module, _MAP, None)):
+        last = name.rpartition(".")[2]
+        shards = ("w1", "w3") if last.startswith("w13") else ("w2",) if last.startswith("w2") else None
+        if shards is None:
+            return None
+        count = int(getattr(module, "num_local_experts", 0))
+        return {(e, s) for e in range(count) for s in shards}
+    if module is not None and hasattr(module, "output_sizes"):
+        if hasattr(module, "total_num_kv_heads"):  # QKVParallelLinear
+            return {("shard", s) for s in ("q", "k", "v")}
+        return {("shard", i) for i in range(len(module.output_sizes))}
+    return None
+
+
+def _describe_parts(parts: list[tuple], total: int) -> str:
+    if parts[0][0] == "shard":
+        return "shard " + ", ".join(repr(p[1]) for p in parts) + f" of {total}"
+    experts = sorted({p[0] for p in parts})
+    shown = ", ".join(str(e) for e in experts[:8]) + (" ..." if len(experts) > 8 else "")
+    return f"{len(parts)} of {total} expert shards (local experts {shown})"

@@ -1,0 +1,126 @@
+"""float8 draft weights: block-scaled (``weight_scale_inv``) and per-tensor/per-channel scaled.
+
+Usage::
+
+    scheme = scheme_for("FP8_BLOCK")
+    decoder = scheme.prepare(info, {"weight_scale_inv": s}, group_size=0)
+    w = decoder.decompress(fp8_codes, torch.bfloat16)        # fp8 * scale, one rounding
+
+DeepSeek-V3/GLM FP8 checkpoints store ``X.weight`` as float8_e4m3fn and ``X.weight_scale_inv``
+as f32 with one value per block of 128 x 128 (``quantization_config.weight_block_size``),
+the last block of a dimension that 128 does not divide being shorter (sglang's
+``block_quant_dequant``). Other FP8 exports store one ``weight_scale`` per tensor or per output
+channel. Either way ``w = q * scale``. When sglang builds such a draft unquantized, its
+loaders copy the float8 values themselves (up to 448) into the bf16 parameters: the same
+silent misload as int8 codes, which this scheme prevents.
+
+No description names these types (they are not ModelSlim's): a float8 weight is recognised by
+its dtype and the companion beside it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..checkpoint import FLOAT8_DTYPES, TensorInfo
+from ..errors import DraftWeightError
+from .affine import AffineDecoder
+from .base import FLOAT_STORAGE, Scheme, finite, per_row_groups, positive, register_scheme
+
+REEXPORT_FP8 = (
+    "re-export the draft as bf16, or serve it quantized (--speculative-draft-model-"
+    "quantization fp8)"
+)
+
+
+@register_scheme
+class BlockFp8(Scheme):
+    """float8 codes with one ``weight_scale_inv`` per block of rows x columns."""
+
+    types = ("FP8_BLOCK",)
+    companions = {"weight_scale_inv": FLOAT_STORAGE}
+    code_dtypes = FLOAT8_DTYPES
+
+    @classmethod
+    def claims(cls, weight, suffixes):
+        return weight.dtype in FLOAT8_DTYPES and "weight_scale_inv" in suffixes
+
+    def prepare(self, weight, values, group_size, format_version=None):
+        shape = weight.shape
+        scale = values.get("weight_scale_inv")
+        if scale is None or scale.dim() != len(shape) or tuple(scale.shape[:-2]) != shape[:-2]:
+            raise _block_error(weight, scale, "expected one value per block of the last two dims")
+        out, in_features = shape[-2:]
+        block_rows = _block_size(out, scale.shape[-2])
+        block_cols = _block_size(in_features, scale.shape[-1])
+        if block_rows is None or block_cols is None:
+            raise _block_error(weight, scale, "no power-of-two block size fits both dimensions")
+        per_row = scale.to(torch.float32).repeat_interleave(block_rows, dim=-2)[..., :out, :]
+        rows = math.prod(shape[:-1])
+        scale_rows = positive(
+            weight,
+            finite(weight, per_row.reshape(rows, scale.shape[-1]), "weight_scale_inv"),
+            "weight_scale_inv",
+        )
+        return AffineDecoder(
+            weight.name, weight.file, shape, scale_rows.contiguous(), None, group_width=block_cols
+        )
+
+
+@register_scheme
+class ScaledFp8(Scheme):
+    """float8 codes with one ``weight_scale`` per tensor or per output channel."""
+
+    types = ("FP8",)
+    companions = {"weight_scale": FLOAT_STORAGE}
+    code_dtypes = FLOAT8_DTYPES
+
+    @classmethod
+    def claims(cls, weight, suffixes):
+        return (
+            weight.dtype in FLOAT8_DTYPES
+            and "weight_scale" in suffixes
+            and "weight_scale_inv" not in suffixes
+        )
+
+    def prepare(self, weight, values, group_size, format_version=None):
+        shape = weight.shape
+        raw = values.get("weight_scale")
+        if raw is None:
+            raise _block_error(weight, raw, "no weight_scale")
+        if raw.numel() == 1:  # per tensor
+            raw = raw.reshape(1).expand(math.prod(shape[:-1]))
+        scale = positive(
+            weight, per_row_groups(weight, shape, raw, "weight_scale", group_size), "weight_scale"
+        )
+        return AffineDecoder(weight.name, weight.file, shape, scale.contiguous(), None)
+
+
+def _block_size(length: int, blocks: int) -> int | None:
+    """The block size that cuts ``length`` into ``blocks`` blocks (the last may be shorter).
+
+    Every size in ``[ceil(length / blocks), ceil(length / (blocks - 1)))`` does; exporters use
+    powers of two (128), and that range holds at most one of them when ``blocks >= 2``.
+    """
+    if blocks < 1 or length < 1:
+        return None
+    if blocks == 1:
+        return length
+    low = -(-length // blocks)
+    high = -(-length // (blocks - 1))
+    size = 1 << (low - 1).bit_length()  # the smallest power of two >= low
+    return size if size < high else None
+
+
+def _block_error(weight: TensorInfo, scale: torch.Tensor | None, why: str) -> DraftWeightError:
+    got = "missing" if scale is None else f"of shape {list(scale.shape)}"
+    return DraftWeightError(
+        tensor=weight.name,
+        file=weight.file,
+        problem=(
+            f"is {weight.dtype_name}{list(weight.shape)} codes, and its scale is {got} ({why})"
+        ),
+        hint=REEXPORT_FP8,
+    )

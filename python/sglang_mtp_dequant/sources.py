@@ -1,0 +1,212 @@
+"""Where the draft's weight files come from: exactly what sglang's own loader resolved.
+
+Usage::
+
+    # every sglang process (plugin.register): watch sglang's DefaultModelLoader resolve files
+    for target, hook in LOADER_HOOKS: HookRegistry.register(target, hook, HookType.AROUND)
+
+    # the draft's load, once sglang has started streaming: the folder and files it streams
+    source = context.weight_sources()[-1]
+
+    # the CLI (doctor, verify), or a load sglang resolved elsewhere: sglang's own resolution,
+    # offline, from the local cache only
+    source = resolve_offline("acme/Qwen3.5-27B-w8a8", download_dir="/data/hub", revision=None)
+
+Why observe rather than re-derive: a checkpoint reaches sglang as a folder, a Hugging Face
+snapshot (files are symlinks into ``../../blobs/``), a hub id found in the default cache or in
+``--download-dir``, a revision, a ModelScope download (``SGLANG_USE_MODELSCOPE``); sglang then
+filters by ``model.safetensors.index.json`` and adds a stray ``mtp.safetensors`` for GLM NextN
+checkpoints. Each of those rules, written again here, is one more way to plan from files that
+are not the ones streamed. So in a server the plugin records what ``_prepare_weights`` and
+``maybe_add_mtp_safetensors`` returned (the hooks change nothing: they pass the arguments and
+the result through), and the CLI calls those same two functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from . import context
+from .config import CheckpointConfig
+from .context import WeightSource
+from .errors import CheckpointFormatError
+
+logger = logging.getLogger("sglang_mtp_dequant")
+
+_LOADER = "sglang.srt.model_loader.loader"
+PREPARE_TARGET = f"{_LOADER}.DefaultModelLoader._prepare_weights"
+MTP_FILE_TARGET = f"{_LOADER}.maybe_add_mtp_safetensors"
+#: the index name sglang filters safetensors files with (``SAFE_WEIGHTS_INDEX_NAME``)
+SGLANG_INDEX = "model.safetensors.index.json"
+
+
+def _resolver_name() -> str:
+    return f"sglang {context.sglang_version()} DefaultModelLoader"
+
+
+def observe_prepare_weights(original, loader, model_name_or_path, *args, **kwargs):
+    """AROUND ``DefaultModelLoader._prepare_weights``: record the folder and files it chose."""
+    result = original(loader, model_name_or_path, *args, **kwargs)
+    folder, files = result[0], result[1]
+    context.record_weight_source(
+        WeightSource(str(model_name_or_path), folder, tuple(files), _resolver_name())
+    )
+    return result
+
+
+def observe_mtp_file(original, files, folder, *args, **kwargs):
+    """AROUND ``maybe_add_mtp_safetensors``: record the file list it returned for ``folder``."""
+    result = original(files, folder, *args, **kwargs)
+    if list(result) != list(files):
+        requested = next(
+            (s.requested for s in reversed(context.weight_sources()) if s.folder == folder),
+            folder,
+        )
+        context.record_weight_source(
+            WeightSource(requested, folder, tuple(result), _resolver_name())
+        )
+    return result
+
+
+#: the observation hooks plugin.register() installs (AROUND: arguments and results unchanged)
+LOADER_HOOKS = ((PREPARE_TARGET, observe_prepare_weights), (MTP_FILE_TARGET, observe_mtp_file))
+
+
+def streamed_source(since: int, launch: context.DraftLaunch | None) -> WeightSource | None:
+    """The source of the weights a draft load is streaming, from what sglang recorded.
+
+    ``since`` is ``len(context.weight_sources())`` when the stream was created. sglang resolves
+    lazily, when its weight iterator is first advanced, so a resolution made after that mark
+    is this load's own. Otherwise (files resolved ahead of the load), the newest resolution of
+    the draft's checkpoint path.
+    """
+    sources = context.weight_sources()
+    if len(sources) > since:
+        return sources[-1]
+    if launch is not None:
+        for source in reversed(sources):
+            if source.requested == launch.path:
+                return source
+    return None
+
+
+@contextlib.contextmanager
+def _offline() -> Iterator[None]:
+    """Hugging Face and ModelScope lookups from the local cache only, as ``HF_HUB_OFFLINE=1``.
+
+    sglang reads ``huggingface_hub.constants.HF_HUB_OFFLINE`` at call time, for both hubs.
+    """
+    import huggingface_hub.constants as hub
+
+    previous = hub.HF_HUB_OFFLINE
+    hub.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        hub.HF_HUB_OFFLINE = previous
+
+
+def resolve_offline(
+    path: str, *, download_dir: str | None = None, revision: str | None = None
+) -> WeightSource:
+    """The folder and weight files sglang would load for ``path``, without the network.
+
+    ``path`` is a folder (a snapshot folder too) or a hub id that is in the local cache (the
+    default one, or ``download_dir`` as sglang's ``--download-dir``); ``revision`` as sglang's
+    ``--revision``. ``SGLANG_USE_MODELSCOPE`` is honoured as sglang honours it. Outside an
+    sglang process (the CLI), sglang's context is published for the folder found, since its
+    ``_prepare_weights`` reads it. Without sglang installed, only a folder is accepted, and its
+    files are every ``*.safetensors`` in it (what sglang streams from a ModelSlim export, which
+    has no ``model.safetensors.index.json``).
+
+    Raises:
+        CheckpointFormatError: the path is neither a folder nor a cached hub model.
+    """
+    try:
+        from .cpu_sglang import ensure_torchvision_importable
+
+        ensure_torchvision_importable()
+        from sglang.srt.configs.load_config import LoadConfig
+        from sglang.srt.model_loader.loader import DefaultModelLoader, maybe_add_mtp_safetensors
+    except ImportError as exc:
+        return _folder_without_sglang(path, exc)
+    loader = DefaultModelLoader(LoadConfig(load_format="auto", download_dir=download_dir))
+    try:
+        with _offline():
+            asked = path
+            if not _context_published():
+                asked = _local_copy(loader, path, revision)
+                from .cpu_sglang import publish_context
+
+                publish_context(asked, download_dir=download_dir)
+            folder, files, use_safetensors = loader._prepare_weights(asked, revision, True)
+    except Exception as exc:  # noqa: BLE001 - huggingface_hub, modelscope and sglang errors
+        where = f" (nor in --download-dir {download_dir})" if download_dir else ""
+        raise CheckpointFormatError(
+            file=path,
+            problem=(
+                f"is not a checkpoint folder, and sglang found no local copy of it as a hub "
+                f"model{where}: {type(exc).__name__}: {exc}"
+            ),
+            hint=(
+                "pass the local checkpoint folder, or the hub id with the --download-dir and "
+                "--revision the server uses; download it first if it is not cached"
+            ),
+        ) from exc
+    if use_safetensors:
+        files = maybe_add_mtp_safetensors(
+            list(files), folder, SGLANG_INDEX, _hf_config_of(folder)
+        )
+    return WeightSource(path, folder, tuple(files), f"{_resolver_name()} (offline)")
+
+
+def _context_published() -> bool:
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        get_server_args()
+    except ValueError:
+        return False
+    return True
+
+
+def _local_copy(loader: Any, path: str, revision: str | None) -> str:
+    """The local folder sglang's ``_prepare_weights`` starts from: ``path`` itself, its
+    ModelScope download, or its Hugging Face snapshot (the default cache, or
+    ``--download-dir``), each by sglang's own function."""
+    from sglang.srt.model_loader.weight_utils import download_weights_from_hf
+
+    local = loader._maybe_download_from_modelscope(path, revision)
+    if os.path.isdir(local):
+        return local
+    patterns = ["*.safetensors", "*.bin", "*.pt"]  # load format auto, .pt fallback allowed
+    return download_weights_from_hf(
+        local,
+        loader.load_config.download_dir,
+        patterns,
+        revision,
+        ignore_patterns=loader.load_config.ignore_patterns,
+    )
+
+
+def _hf_config_of(folder: str) -> Any:
+    try:
+        return CheckpointConfig.read(folder).namespace()
+    except CheckpointFormatError:
+        return None
+
+
+def _folder_without_sglang(path: str, why: ImportError) -> WeightSource:
+    if not os.path.isdir(path):
+        raise CheckpointFormatError(
+            file=path,
+            problem=f"is not a folder, and sglang is not importable here to resolve a hub id ({why})",
+            hint="pass the local checkpoint (or snapshot) folder, or run where sglang is installed",
+        )
+    files = tuple(sorted(glob.glob(os.path.join(path, "*.safetensors"))))
+    return WeightSource(path, path, files, "every *.safetensors of the folder (sglang not importable)")

@@ -1,0 +1,24 @@
+"""``sglang-mtp-dequant verify``: load sglang's real draft on the CPU and check every parameter.
+
+Usage::
+
+    report = run_verify("/ckpt", reference="/ckpt-float-mtp.safetensors")
+    print(render_verify(report))
+    sys.exit(0 if report.ok else 1)
+
+Split by concern: ``independent`` (the independent dequantizer), ``run`` (building and loading
+the draft through sglang, comparing), ``report`` (the text).
+"""
+
+from .independent import independent_dequantize
+from .report import render_verify
+from .run import ParamRow, VerifyReport, run_verify, spec_for_class
+
+__all__ = [
+    "ParamRow",
+    "VerifyReport",
+    "independent_dequantize",
+    "render_verify",
+    "run_verify",
+    "spec_for_class",
+]

@@ -1,0 +1,104 @@
+"""``verify``'s report as text: a table per draft parameter, then problems, then the verdict."""
+
+from __future__ import annotations
+
+import math
+
+from .run import VerifyReport
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if math.isnan(value):
+        return "not loaded"
+    return f"{value:.4g}"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def _short_sources(sources: list[str]) -> str:
+    if not sources:
+        return "-"
+    if len(sources) == 1:
+        return sources[0]
+    heads = {s.rsplit(".", 2)[0] for s in sources}
+    if len(heads) == 1 and len(sources) <= 4:
+        parts = ",".join(s.rsplit(".", 2)[1] for s in sources)
+        return f"{heads.pop()}.{{{parts}}}.weight"
+    return f"{sources[0]} +{len(sources) - 1}"
+
+
+def _check(row) -> str:
+    if row.check == "exact":
+        return "exact"
+    if row.check == "mismatch":
+        return f"MISMATCH (max err {_num(row.max_error)})"
+    return f"unchecked: {row.why}" if row.why else "unchecked"
+
+
+def render_verify(report: VerifyReport) -> str:
+    lines = [
+        f"sglang-mtp-dequant verify: {report.requested}",
+        f"  resolved: {report.folder} ({report.resolved_by})",
+        f"  draft class: {report.class_name} (sglang's own class for this architecture, built "
+        f"on the CPU in {report.dtype})",
+        f"  memory: {_size(report.estimated_bytes)} of draft parameters "
+        f"({_size(report.shared_bytes)} of them embedding + lm_head, taken from the target and "
+        "not compared), estimated on the meta device before allocating",
+        f"  streamed {len(report.files_streamed)} of {report.files_total} weight files (those "
+        "holding draft tensors) through sglang's DefaultModelLoader",
+        "  stock     = sglang's load_weights with the hook bypassed (load_weights.__wrapped__)",
+        "  reference = the same, fed an independent fp32 dequantization rounded once to "
+        f"{report.dtype}",
+        "  plugin    = load_weights as hooked by sglang.srt.plugins.load_plugins()",
+        "  check     = exact: the plugin's parameter equals the reference bit for bit",
+    ]
+    if report.reference:
+        lines.append(f"  float ref = {report.reference}, the original float weights")
+    lines.append("")
+    header = ["parameter", "checkpoint tensors", "stock absmax", "plugin absmax", "check"]
+    if report.reference:
+        header += ["ref absmax", "stock err vs ref", "plugin err vs ref"]
+    table = [header]
+    for r in report.rows:
+        cells = [
+            r.parameter,
+            _short_sources(r.sources),
+            _num(r.stock_absmax),
+            _num(r.plugin_absmax),
+            _check(r),
+        ]
+        if report.reference:
+            cells += [
+                _num(r.reference_absmax),
+                _num(r.stock_reference_error),
+                _num(r.plugin_reference_error),
+            ]
+        table.append(cells)
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
+    lines.append("")
+    if report.stock_error:
+        lines.append(f"  stock load stopped: {report.stock_error}")
+    if report.plugin_error:
+        lines.append(f"  plugin load refused: {report.plugin_error}")
+    for problem in report.problems:
+        lines.append(f"  problem: {problem}")
+    quantized = [r for r in report.rows if r.quantized]
+    if report.ok:
+        lines.append(
+            f"verdict: ok - {report.checked} draft parameters equal the reference bit for bit "
+            f"({len(quantized)} of them decoded from codes)"
+        )
+    elif report.checked == 0 and not report.plugin_error and not report.problems:
+        lines.append("verdict: error - no draft parameter could be checked")
+    else:
+        lines.append("verdict: error - the plugin did not produce a correct draft (see above)")
+    return "\n".join(lines)
