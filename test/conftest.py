@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 
 import pytest
 
@@ -26,6 +27,31 @@ DENSE_W8 = (
     "q35_dense_w8a16_asym",
     "q35_dense_w8a8_dynamic_pergroup",
 )
+
+
+_SESSION_TMP: list[str] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Every temporary file of the run under one folder, removed when the run ends.
+
+    sglang writes lock files into the system temp dir when it resolves a hub id without
+    --download-dir, torch and Ray keep caches there, and the spawned scheduler processes
+    inherit the environment: ``TMPDIR`` (and pytest's own ``--basetemp``) point into this
+    folder, so a test run leaves nothing behind (``pytest --basetemp DIR`` keeps DIR).
+    """
+    root = tempfile.mkdtemp(prefix="sglang-mtp-dequant-tests-")
+    _SESSION_TMP.append(root)
+    os.environ["TMPDIR"] = root
+    tempfile.tempdir = root
+    if not config.option.basetemp:
+        config.option.basetemp = os.path.join(root, "pytest")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for root in _SESSION_TMP:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def fixture_dir(name: str) -> str:

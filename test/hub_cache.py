@@ -3,8 +3,8 @@
 Usage::
 
     snapshot = make_hf_cache(tmp_path / "hub", "acme/tiny-q35-w8a8", fixture_dir(NAME))
-    # <hub>/models--acme--tiny-q35-w8a8/{blobs/<etag>, snapshots/<commit>/<file> -> ../../blobs/<etag>,
-    #                                    refs/main, trees/<commit>.json}
+    # <hub>/models--acme--tiny-q35-w8a8/{blobs/<etag>, refs/main, trees/<commit>.json,
+    #                                    snapshots/<commit>/<file> -> ../../blobs/<etag>}
     folder = make_modelscope_cache(tmp_path / "ms", "acme/tiny-q35-w8a8", fixture_dir(NAME))
 
 ``make_hf_cache`` writes what ``huggingface_hub`` 1.x writes when it downloads a repo
@@ -35,7 +35,8 @@ def git_blob_sha1(data: bytes) -> str:
 
 
 def _lfs_pointer(sha256: str, size: int) -> bytes:
-    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
+    lines = ("version https://git-lfs.github.com/spec/v1", f"oid sha256:{sha256}", f"size {size}")
+    return ("\n".join(lines) + "\n").encode()
 
 
 def make_hf_cache(
@@ -61,9 +62,9 @@ def make_hf_cache(
             info = {"etag": git_blob_sha1(data)}
             info["blob_id"] = info["etag"]
         files[rel] = (path, len(data), info)
-    commit = commit or hashlib.sha1(
-        "".join(f"{rel}\0{info['etag']}\n" for rel, (_, _, info) in files.items()).encode()
-    ).hexdigest()
+    if commit is None:
+        listing = "".join(f"{rel}\0{info['etag']}\n" for rel, (_, _, info) in files.items())
+        commit = hashlib.sha1(listing.encode()).hexdigest()
     snapshot = repo / "snapshots" / commit
     (repo / "blobs").mkdir(parents=True, exist_ok=True)
     for rel, (path, _, info) in files.items():

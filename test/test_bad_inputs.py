@@ -107,26 +107,31 @@ def test_scheme_the_plugin_does_not_decode(load_draft, copy_checkpoint):
 
 def test_refused_before_any_parameter_is_written(load_draft, copy_checkpoint, sglang_cpu):
     """The plan is checked before streaming: a refused load writes nothing into the draft."""
-    from sglang_mtp_dequant.cpu_sglang import CpuDraftBuilder, publish_context
+    from sglang_mtp_dequant.cpu_sglang import (
+        build_draft,
+        draft_model_config,
+        publish_context,
+        sglang_weights,
+    )
 
     folder = copy_checkpoint(NAME)
     edit_shard(folder, lambda t: t.pop("mtp.layers.0.mlp.down_proj.weight_scale"))
     publish_context(folder)
-    builder = CpuDraftBuilder(folder)
-    model = builder.build_draft()
+    config = draft_model_config(folder)
+    model = build_draft(config)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with pytest.raises(DraftWeightError):
-        model.load_weights(builder.weights())
+        model.load_weights(sglang_weights(config, model))
     for name, param in model.named_parameters():
         # bitwise: torch.empty() leaves NaN patterns, and NaN != NaN
         assert torch.equal(before[name].view(torch.int16), param.detach().view(torch.int16)), name
 
 
 def test_integer_draft_weight_with_no_plan_is_refused_in_the_stream():
-    """No checkpoint folder found (e.g. a hub id not in the cache): integer codes still stop."""
+    """No plan (the files sglang streams could not be found): integer codes still stop."""
     from sglang_mtp_dequant.stream import DequantizingStream
 
-    stream = DequantizingStream(None, torch.bfloat16, lambda n: n.startswith("mtp."))
+    stream = DequantizingStream(lambda: None, torch.bfloat16, lambda n: n.startswith("mtp."))
     weights = [
         ("model.language_model.layers.0.mlp.up_proj.weight", torch.ones(2, 2, dtype=torch.int8)),
         ("mtp.fc.weight", torch.ones(2, 2, dtype=torch.bfloat16)),
@@ -144,3 +149,55 @@ def test_asymmetric_w8a16_weight_without_offset(load_draft, copy_checkpoint):
     folder = copy_checkpoint("q35_dense_w8a16_asym")
     path = edit_shard(folder, lambda t: t.pop(WEIGHT[: -len("weight")] + "weight_offset"))
     expect_refusal(load_draft, folder, DraftWeightError, WEIGHT, path, "weight_offset")
+
+
+# -- companions stored as a dtype their scheme does not define (checked from the headers) ------
+
+STATIC = "q35_dense_w8a8_static"
+TWO_STAGE = "qwen3_v0_w4a8_dynamic_two_stage"
+
+
+@pytest.mark.parametrize(
+    "fixture, suffix, dtype",
+    [
+        (NAME, "weight_scale", torch.int32),  # read as is: weights thousands of times too big
+        (NAME, "weight_scale", torch.int64),
+        (NAME, "weight_offset", torch.int8),
+        ("q35_dense_w8a16_asym", "weight_offset", torch.int32),
+        (STATIC, "deq_scale", torch.int32),  # f32, or the f32 bit pattern as int64 only
+        (STATIC, "deq_scale", torch.float16),
+        (STATIC, "input_scale", torch.int64),
+    ],
+)
+def test_companion_of_an_undefined_dtype_is_refused(
+    load_draft, copy_checkpoint, fixture, suffix, dtype
+):
+    folder = copy_checkpoint(fixture)
+    name = WEIGHT[: -len("weight")] + suffix
+
+    def edit(tensors):
+        tensors[name] = (tensors[name].float() * 2**16).round().to(dtype)
+
+    path = edit_shard(folder, edit)
+    error = expect_refusal(
+        load_draft, folder, DraftWeightError, name, path, str(dtype).replace("torch.", "")
+    )
+    assert error.tensor == name and error.file == path
+
+
+def test_two_stage_second_scale_of_an_undefined_dtype_is_refused(sglang_cpu, copy_checkpoint):
+    """The V0 two-stage W4A8 fixture (a Qwen3 checkpoint: planned, not built here)."""
+    from conftest import open_checkpoint
+    from sglang_mtp_dequant.plan import DequantPlan
+
+    folder = copy_checkpoint(TWO_STAGE)
+    shard = next(f for f in sorted(os.listdir(folder)) if f.endswith(".safetensors"))
+    path = os.path.join(folder, shard)
+    tensors = load_file(path)
+    name = next(n for n in sorted(tensors) if n.endswith("weight_scale_second"))
+    tensors[name] = tensors[name].to(torch.int32)
+    save_file(tensors, path, metadata={"format": "pt"})
+    plan = DequantPlan.build(open_checkpoint(folder, wanted=lambda n: True))
+    refused = {e.error.tensor: e.error for e in plan.errors}
+    assert name in refused and refused[name].file == path
+    assert "int32" in str(refused[name]) and "What to do:" in str(refused[name])

@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from conftest import DENSE_W8, fixture_dir
 from sglang_mtp_dequant.cli import main
+from sglang_mtp_dequant.context import sglang_version
 from sglang_mtp_dequant.doctor import STOCK_LOUD, STOCK_SILENT, STOCK_UNKNOWN, diagnose
 from sglang_mtp_dequant.errors import DraftWeightError
 
@@ -43,9 +44,19 @@ def undecoded_scheme_copy(copy_checkpoint) -> str:
     return folder
 
 
-def doctor_json(capsys, path: str) -> tuple[int, dict]:
-    code = main(["doctor", path, "--json"])
-    return code, json.loads(capsys.readouterr().out)
+@pytest.fixture
+def sglang_log(tmp_path) -> str:
+    """Where the CLI sends sglang's own output (never the system temp dir in tests)."""
+    return str(tmp_path / "sglang.log")
+
+
+@pytest.fixture
+def doctor_json(capsys, sglang_log):
+    def run(path: str) -> tuple[int, dict]:
+        code = main(["doctor", path, "--json", "--log", sglang_log])
+        return code, json.loads(capsys.readouterr().out)
+
+    return run
 
 
 def int8_draft_weights(folder: str) -> list[str]:
@@ -58,9 +69,9 @@ def int8_draft_weights(folder: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name", (*DENSE_W8, "q35moe_w8a8_dynamic", "q35_dense_w4a8_dynamic"))
-def test_one_dequantize_per_int8_draft_weight_and_ok(capsys, name):
+def test_one_dequantize_per_int8_draft_weight_and_ok(doctor_json, name):
     folder = fixture_dir(name)
-    code, report = doctor_json(capsys, folder)
+    code, report = doctor_json(folder)
     assert code == 0 and report["verdict"] == "ok"
     planned = sorted(t["name"] for t in report["tensors"] if t["action"] == "dequantize")
     assert planned == int8_draft_weights(folder)
@@ -74,19 +85,22 @@ def test_one_dequantize_per_int8_draft_weight_and_ok(capsys, name):
             assert row["stock"] == (STOCK_LOUD if packed else STOCK_SILENT)
     assert report["draft_class"] == "Qwen3_5ForCausalLMMTP" and report["hooked"] is True
     if name != "q35_dense_w4a8_dynamic":
-        assert "copies the integer codes of" in report["stock_sglang"]
+        assert "copies the codes of" in report["stock_sglang"]
+    assert report["schema_version"] == 2 and report["unfilled_parameters"] == {}
+    assert report["folder"] == folder and "DefaultModelLoader" in report["resolved_by"]
+    assert report["dry_run"] == "Qwen3_5ForCausalLMMTP on the meta device"
 
 
-def test_float_mtp_checkpoint_is_ok_with_nothing_to_do(capsys):
-    code, report = doctor_json(capsys, fixture_dir("q35_dense_float_mtp"))
+def test_float_mtp_checkpoint_is_ok_with_nothing_to_do(doctor_json):
+    code, report = doctor_json(fixture_dir("q35_dense_float_mtp"))
     assert code == 0 and report["verdict"] == "ok"
     assert report["counts"] == {"dequantize": 0, "keep": 15, "error": 0}
     assert report["stock_sglang"].endswith("as the float it is: nothing to fix")
 
 
-def test_undecoded_scheme_is_an_error_naming_each_tensor(capsys, copy_checkpoint):
+def test_undecoded_scheme_is_an_error_naming_each_tensor(doctor_json, copy_checkpoint):
     folder = undecoded_scheme_copy(copy_checkpoint)
-    code, report = doctor_json(capsys, folder)
+    code, report = doctor_json(folder)
     assert code == 1 and report["verdict"] == "error"
     errors = [t for t in report["tensors"] if t["action"] == "error"]
     assert sorted(t["name"] for t in errors) == int8_draft_weights(folder)
@@ -96,7 +110,7 @@ def test_undecoded_scheme_is_an_error_naming_each_tensor(capsys, copy_checkpoint
         assert row["stock"] == STOCK_UNKNOWN
 
 
-def test_missing_scale_is_an_error_naming_the_tensor(capsys, copy_checkpoint):
+def test_missing_scale_is_an_error_naming_the_tensor(doctor_json, copy_checkpoint):
     folder = copy_checkpoint("q35_dense_w8a8_dynamic")
     (path,) = glob.glob(os.path.join(folder, "*.safetensors"))
     tensors = load_file(path)
@@ -106,7 +120,7 @@ def test_missing_scale_is_an_error_naming_the_tensor(capsys, copy_checkpoint):
     index = os.path.join(folder, "quant_model_weights.safetensors.index.json")
     os.chmod(index, 0o644)
     os.remove(index)  # the index would otherwise (rightly) name the missing tensor's shard
-    code, report = doctor_json(capsys, folder)
+    code, report = doctor_json(folder)
     assert code == 1 and report["verdict"] == "error"
     (error,) = [t for t in report["tensors"] if t["action"] == "error"]
     assert error["name"] == "mtp.layers.0.mlp.up_proj.weight"
@@ -115,7 +129,7 @@ def test_missing_scale_is_an_error_naming_the_tensor(capsys, copy_checkpoint):
 
 
 def test_quantized_types_stored_as_float_are_noted_and_left_to_the_guard(
-    capsys, copy_checkpoint, load_draft
+    doctor_json, copy_checkpoint, load_draft
 ):
     """Headers cannot tell dequantized-upstream weights from codes stored as floats: the doctor
     keeps them and says so; the real load then stops on the guard (test_guard.py)."""
@@ -126,7 +140,7 @@ def test_quantized_types_stored_as_float_are_noted_and_left_to_the_guard(
     tensors[name] = tensors[name].to(torch.bfloat16)
     os.chmod(path, 0o644)
     save_file(tensors, path, metadata={"format": "pt"})
-    code, report = doctor_json(capsys, folder)
+    code, report = doctor_json(folder)
     assert code == 0 and report["counts"] == {"dequantize": 6, "keep": 9, "error": 0}
     (row,) = [t for t in report["tensors"] if t["name"] == name]
     assert row["action"] == "keep" and row["reason"].startswith("described as W8A8_DYNAMIC but")
@@ -139,35 +153,40 @@ def test_quantized_types_stored_as_float_are_noted_and_left_to_the_guard(
         load_draft(folder)
 
 
-def test_checkpoint_without_draft_tensors_is_an_error(capsys):
-    code, report = doctor_json(capsys, fixture_dir("qwen3_v0_w4a16_per_channel"))
+def test_checkpoint_without_draft_tensors_is_an_error(doctor_json):
+    code, report = doctor_json(fixture_dir("qwen3_v0_w4a16_per_channel"))
     assert code == 1 and report["tensors"] == []
     assert report["architecture"] == "Qwen3ForCausalLM" and report["hooked"] is False
     assert any("holds no draft (MTP) tensors" in p for p in report["problems"])
 
 
-def test_not_a_folder_is_an_error(capsys, tmp_path):
-    code, report = doctor_json(capsys, str(tmp_path / "nope"))
+def test_not_a_folder_is_an_error(doctor_json, tmp_path):
+    code, report = doctor_json(str(tmp_path / "nope"))
     assert code == 1 and report["verdict"] == "error"
-    assert any("is not a folder" in p for p in report["problems"])
+    (problem,) = report["problems"]
+    assert "is not a checkpoint folder, and sglang found no local copy of it" in problem
 
 
-def test_corrupt_shard_is_an_error_naming_the_file(capsys, copy_checkpoint):
+def test_corrupt_shard_is_an_error_naming_the_file(doctor_json, copy_checkpoint):
     folder = copy_checkpoint("q35_dense_w8a8_dynamic")
     (path,) = glob.glob(os.path.join(folder, "*.safetensors"))
     os.chmod(path, 0o644)
     with open(path, "r+b") as handle:
         handle.truncate(1000)
-    code, report = doctor_json(capsys, folder)
+    code, report = doctor_json(folder)
     assert code == 1
     (problem,) = report["problems"]
     assert problem.startswith(f"sglang-mtp-dequant: {path}: is not a readable safetensors file")
 
 
-def test_human_output_is_a_table_with_the_verdict_last(capsys):
-    code = main(["doctor", fixture_dir("q35_dense_w8a8_static")])
-    out = capsys.readouterr().out.splitlines()
+def test_human_output_is_a_table_with_the_verdict_last(capsys, sglang_log):
+    folder = fixture_dir("q35_dense_w8a8_static")
+    code = main(["doctor", folder, "--log", sglang_log])
+    captured = capsys.readouterr()
+    out = captured.out.splitlines()
     assert code == 0
+    assert out[1] == f"  resolved: {folder} (sglang {sglang_version()} DefaultModelLoader (offline))"
+    assert captured.err.strip() == f"(sglang's own output: {sglang_log})"
     assert out[-1] == "verdict: ok - the plugin loads this draft as correct float weights"
     header = next(line for line in out if line.startswith("name "))
     assert header.split() == [
@@ -180,8 +199,8 @@ def test_human_output_is_a_table_with_the_verdict_last(capsys):
     ]  # fmt: skip
 
 
-def test_human_output_groups_refusals_with_what_to_do(capsys, copy_checkpoint):
-    assert main(["doctor", undecoded_scheme_copy(copy_checkpoint)]) == 1
+def test_human_output_groups_refusals_with_what_to_do(capsys, sglang_log, copy_checkpoint):
+    assert main(["doctor", undecoded_scheme_copy(copy_checkpoint), "--log", sglang_log]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[-1].startswith("verdict: error")
     refused = [line for line in out if line.strip().startswith("refused (7):")]
@@ -189,13 +208,17 @@ def test_human_output_groups_refusals_with_what_to_do(capsys, copy_checkpoint):
     assert any(line.strip().startswith("what to do: serve the draft quantized") for line in out)
 
 
-def test_console_script_exit_code(copy_checkpoint):
+def test_console_script_exit_code(copy_checkpoint, sglang_log):
     """The installed entry point, as `make demo` runs it: an error verdict exits 1 (the ok
-    path's 0 and the JSON are checked in-process above)."""
+    path's 0 and the JSON are checked in-process above); sglang's own output went to the log,
+    so stdout is the JSON alone."""
     script = os.path.join(os.path.dirname(sys.executable), "sglang-mtp-dequant")
-    bad = subprocess.run([script, "doctor", undecoded_scheme_copy(copy_checkpoint), "--json"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    folder = undecoded_scheme_copy(copy_checkpoint)
+    bad = subprocess.run([script, "doctor", folder, "--json", "--log", sglang_log],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
     assert bad.returncode == 1 and json.loads(bad.stdout)["verdict"] == "error"
+    with open(sglang_log) as handle:
+        assert "UserWarning" in handle.read()  # sglang's import-time warnings, not in stdout
 
 
 @pytest.mark.parametrize("name", Q35)

@@ -1,8 +1,9 @@
 """Every draft class sglang can build unquantized from a quantized checkpoint, hooked and loaded.
 
 Real: each sglang 0.5.23 draft class (built on CPU with a tiny config of its own config class),
-its own ``load_weights`` reached through the hook ``load_plugins()`` installed, sglang's
-``safetensors_weights_iterator``, and msmodelslim 26.1.0's int8 codes.
+its own ``load_weights`` reached through the hook ``load_plugins()`` installed, the lazy weight
+stream of sglang's ``DefaultModelLoader`` for the checkpoint folder (``cpu_sglang.path_weights``),
+and msmodelslim 26.1.0's int8 codes.
 
 Qwen3-Next's and Qwen4-Exp's MTP layer has the Qwen3.5-MoE shapes, so they load the tool's
 ``q35moe_w8a8_dynamic`` tensors as written (Qwen3-Next also with the attention of the static
@@ -11,7 +12,9 @@ shapes: their checkpoints are laid out here in each architecture's naming
 (``mtp.*`` or ``model.layers.<num_hidden_layers>.*``), with every quantized weight a run of rows
 of the tool's W8A8_DYNAMIC codes (per-channel codes stay valid when rows are taken apart).
 
-Every class builds on CPU, so none is tested by name handling alone.
+Every class builds on CPU, so none is tested by name handling alone. Each good load also passes
+the plugin's completeness audit and value guard in their default (error) mode: the zero-false-
+positive check of every hooked class at TP=1 (``test_completeness.py`` breaks these checkpoints).
 """
 
 from __future__ import annotations
@@ -47,8 +50,8 @@ INHERITING_CLASSES = {f"{MODELS}.qwen4_exp_mtp.Qwen4ExpForCausalLMMTP"}
 
 
 def test_every_draft_class_has_its_load_weights_hooked_once(sglang_cpu):
+    from sglang_mtp_dequant.context import registered_targets
     from sglang_mtp_dequant.drafts import DRAFT_SPECS
-    from sglang_mtp_dequant.plugin import registered_targets
 
     specs = {spec.target.rsplit(".", 1)[0]: spec for spec in DRAFT_SPECS}
     assert set(specs) == HOOKED_CLASSES
@@ -482,6 +485,15 @@ CASES = {
 }
 
 
+def spec_of(case: Case):
+    """The hooked spec whose ``load_weights`` runs for the case's class."""
+    from sglang_mtp_dequant.drafts import DRAFT_SPECS
+
+    return next(
+        s for s in DRAFT_SPECS if case.class_path in (s.target.rsplit(".", 1)[0], *s.inherited_by)
+    )
+
+
 def expected(tensors: dict, desc: dict, name: str) -> torch.Tensor:
     scheme = desc[name]
     if scheme == "FLOAT":
@@ -491,48 +503,107 @@ def expected(tensors: dict, desc: dict, name: str) -> torch.Tensor:
     return dequantize_fp32(tensors, name, scheme).bfloat16()
 
 
+def poison(model: torch.nn.Module) -> None:
+    """Fill every floating parameter with NaN before the load: whatever sglang's loaders do
+    not write stays NaN, so what the load left unwritten is visible without the audit."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.is_floating_point():
+                param.fill_(float("nan"))
+
+
 @pytest.fixture
 def draft_case(sglang_cpu, tmp_path, caplog):
-    """Write the case's checkpoint, point sglang's context at it, build the real class."""
+    """Write the case's checkpoint, point sglang's context at it, build the real class.
+
+    ``make(case, edit=None, dest="ckpt")``: ``edit(layout)`` changes the checkpoint before it is
+    written (a tensor dropped, renamed, re-laid out); each ``dest`` is its own folder (sglang
+    caches configs by path, so a changed checkpoint never reuses a path). ``load(plugin=True,
+    nan=False)`` builds the class, NaN-fills it when asked, and streams the folder through
+    sglang's ``DefaultModelLoader`` iterator into the hooked (or, ``plugin=False``, the
+    unwrapped stock) ``load_weights``; it returns the named parameters.
+    """
     import logging
 
     from reference import write_modelslim_checkpoint
-    from sglang_mtp_dequant.cpu_sglang import (
-        build_draft_class,
-        publish_context,
-        safetensors_stream,
-        weight_files,
-    )
+    from sglang_mtp_dequant.cpu_sglang import build_draft_class, path_weights, publish_context
 
     caplog.set_level(logging.INFO)
 
-    def make(case: Case):
+    def make(case: Case, edit: Callable[[Layout], None] | None = None, dest: str = "ckpt"):
         ckpt = case.checkpoint()
-        folder = write_modelslim_checkpoint(str(tmp_path / "ckpt"), ckpt.tensors, ckpt.desc)
+        if edit is not None:
+            edit(ckpt)
+        folder = write_modelslim_checkpoint(str(tmp_path / dest), ckpt.tensors, ckpt.desc)
         config = case.config()
         config.architectures = [case.architecture]
         config.to_json_file(os.path.join(folder, "config.json"))
-        # the hook reads the draft path (the target path is any valid model folder)
-        publish_context(fixture_dir("q35_dense_w8a8_dynamic"), draft_path=folder)
 
-        def load(plugin: bool = True):
+        def load(plugin: bool = True, nan: bool = False):
+            # the hook reads the draft path (the target path is any valid model folder)
+            publish_context(fixture_dir("q35_dense_w8a8_dynamic"), draft_path=folder)
             model = build_draft_class(case.class_path, config)
+            if nan:
+                poison(model)
             method = type(model).load_weights
-            (method if plugin else method.__wrapped__)(
-                model, safetensors_stream(weight_files(folder))
-            )
+            (method if plugin else method.__wrapped__)(model, path_weights(folder))
             return dict(model.named_parameters())
 
+        load.folder = folder  # type: ignore[attr-defined]
         return ckpt, load
 
     return make
 
 
+@pytest.fixture
+def audits(monkeypatch):
+    """Every guard check the hook runs, with the write record it judged: proof that the
+    completeness audit and the value guard ran on a load, and what they saw."""
+    from sglang_mtp_dequant import plugin
+
+    seen: list[dict] = []
+    original = plugin.check_loaded_draft
+
+    def spy(model, stream, writes, class_name, folder=None):
+        record = {
+            "class": class_name,
+            "unwritten": writes.unwritten(),
+            "skipped": writes.skipped_names(),
+            "audited": set(writes.params),
+            "written": writes.written_parameters(),
+            "fed_by": {name: list(names) for name, names in writes.fed_by.items()},
+            "all": {n for n, _ in model.named_parameters()},
+        }
+        seen.append(record)
+        record["findings"] = original(model, stream, writes, class_name, folder)
+        return record["findings"]
+
+    monkeypatch.setattr(plugin, "check_loaded_draft", spy)
+    return seen
+
+
 @pytest.mark.parametrize("case_id", list(CASES))
-def test_draft_class_loads_dequantized(draft_case, case_id, caplog):
+def test_draft_class_loads_dequantized(draft_case, audits, case_id, caplog, monkeypatch):
+    """Bit-exact dequantization through each class's own loaders, and the guard's zero false
+    positives on it (TP=1): the completeness audit and the value guard ran (mode error, the
+    default), found every audited parameter written and raised nothing; the NaN the class was
+    filled with before the load is gone from every audited parameter, so
+    "complete" is true, not just claimed. Only the declared target-shared parameters (embedding,
+    lm_head: ``DraftSpec.from_target``) are left out of the audit, and only they keep NaN."""
+    from sglang_mtp_dequant.guard import MODE_ENV
+
+    monkeypatch.delenv(MODE_ENV, raising=False)
     case = CASES[case_id]
     ckpt, load = draft_case(case)
-    params = load()
+    params = load(nan=True)
+    (audit,) = audits
+    assert audit["class"] == spec_of(case).class_name
+    shared = {n for n in audit["all"] if {"embed_tokens", "lm_head"} & set(n.split("."))}
+    assert shared and audit["audited"] == audit["all"] - shared, case_id
+    assert audit["written"] == audit["audited"], audit["audited"] - audit["written"]
+    assert audit["unwritten"] == {} and audit["findings"] == []
+    unfilled = {n for n, p in params.items() if p.is_floating_point() and p.isnan().any()}
+    assert unfilled <= shared, unfilled - shared
     for param, parts in case.params.items():
         want = torch.cat([expected(ckpt.tensors, ckpt.desc, n) for n in parts])
         assert torch.equal(params[param].detach(), want), f"{case_id}: {param}"
@@ -547,6 +618,20 @@ def test_draft_class_loads_dequantized(draft_case, case_id, caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "sglang_mtp_dequant"]
     assert len(lines) == 1 and f"dequantized {case.dequantized} tensors" in lines[0], lines
     assert not [r for r in caplog.records if "not found in params_dict" in r.getMessage()]
+
+
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_good_load_skips_no_name_and_credits_every_source(draft_case, audits, case_id):
+    """On a complete checkpoint no streamed draft name is reported as skipped, and each
+    stacked parameter is credited to exactly the checkpoint tensors stacked into it: the names
+    the guard's messages and the doctor print must be the true ones."""
+    case = CASES[case_id]
+    _, load = draft_case(case)
+    load()
+    (audit,) = audits
+    assert audit["skipped"] == []
+    for param, parts in case.params.items():
+        assert sorted(audit["fed_by"][param]) == sorted(parts), param
 
 
 @pytest.mark.parametrize("case_id", list(CASES))

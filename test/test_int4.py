@@ -48,16 +48,17 @@ def expected(folder: str, name: str, dtype=torch.bfloat16) -> torch.Tensor:
 
 
 def stream_through_plugin(folder: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The hook's transform, fed by sglang's own iterator; every tensor counts as draft."""
-    from sglang_mtp_dequant.checkpoint import Checkpoint
-    from sglang_mtp_dequant.cpu_sglang import safetensors_stream, weight_files
+    """The hook's transform, fed by sglang's DefaultModelLoader stream; every tensor counts as
+    draft (these V0 fixtures are whole Qwen3 layers: there is no Qwen3 draft class to build)."""
+    from conftest import open_checkpoint
+    from sglang_mtp_dequant.cpu_sglang import path_weights
     from sglang_mtp_dequant.plan import DequantPlan
     from sglang_mtp_dequant.stream import DequantizingStream
 
-    plan = DequantPlan.build(Checkpoint.open(folder))
+    plan = DequantPlan.build(open_checkpoint(folder, wanted=lambda name: True))
     plan.raise_first_error()
-    stream = DequantizingStream(plan, dtype, is_draft=lambda name: True)
-    return dict(stream.apply(safetensors_stream(weight_files(folder))))
+    stream = DequantizingStream(lambda: plan, dtype, is_draft=lambda name: True)
+    return dict(stream.apply(path_weights(folder)))
 
 
 # -- V1 W4A8_DYNAMIC through sglang's Qwen3.5 draft --------------------------------------------
@@ -284,7 +285,7 @@ def test_packed_w4a16_without_version_is_refused_at_decode(tmp_path):
 
 
 def test_nonzero_w4a8_offset_is_refused(tmp_path):
-    from sglang_mtp_dequant.checkpoint import Checkpoint
+    from conftest import open_checkpoint
     from sglang_mtp_dequant.plan import DequantPlan
 
     folder = str(tmp_path / "offset")
@@ -293,7 +294,7 @@ def test_nonzero_w4a8_offset_is_refused(tmp_path):
     tensors = load_file(path)
     tensors["mtp.layers.0.mlp.up_proj.weight_offset"][3] = 2.0
     save_file(tensors, path)
-    plan = DequantPlan.build(Checkpoint.open(folder, wanted=lambda n: n.startswith("mtp.")))
+    plan = DequantPlan.build(open_checkpoint(folder, wanted=lambda n: n.startswith("mtp.")))
     (refused,) = plan.errors
     assert refused.info.name == "mtp.layers.0.mlp.up_proj.weight"
     assert "nonzero weight_offset" in str(refused.error) and path in str(refused.error)

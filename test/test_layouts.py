@@ -2,6 +2,8 @@
 
 Each layout is built from the real msmodelslim fixture by renaming or re-splitting its files
 (the tensors are byte-for-byte the tool's), then loaded through sglang's draft class.
+Where users keep them (a Hugging Face or ModelScope cache, by hub id, --download-dir,
+--revision): ``test_real_paths.py``.
 """
 
 from __future__ import annotations
@@ -113,45 +115,47 @@ def test_found_as_target_path(load_draft, copy_checkpoint):
     assert_dequantized(load_draft(folder, target_path=folder, draft_path=None), folder)
 
 
-def test_plan_reads_headers_and_companions_only(monkeypatch):
-    """No weight bytes are read twice: planning reads companion tensors, never a weight."""
-    from sglang_mtp_dequant.checkpoint import Checkpoint
+@pytest.mark.parametrize(
+    "name, read",
+    [
+        ("q35_dense_w8a8_dynamic", ("weight_scale", "weight_offset")),
+        ("q35_dense_w8a8_static", ("deq_scale", "input_scale")),
+    ],
+)
+def test_plan_reads_headers_and_companions_only(
+    sglang_cpu, copy_checkpoint, monkeypatch, name, read
+):
+    """No weight bytes are read twice: opening reads each file's header once, planning reads
+    the companions its formulas use (never a weight), each file opened once however many
+    companions it holds (here spread over two shards: weight_scale / deq_scale in one, the
+    other companions with the weights in the other)."""
+    import sglang_mtp_dequant.checkpoint as checkpoint
+    from conftest import open_checkpoint
     from sglang_mtp_dequant.plan import DequantPlan
 
+    folder = copy_checkpoint(name)
+    resplit(folder, lambda n: n.endswith(("weight_scale", "deq_scale")))
+    opened: list[str] = []
     read_names: list[str] = []
-    real_read = Checkpoint.read
+    real_open, real_read_many = checkpoint.safe_open, checkpoint.Checkpoint.read_many
 
-    def recording_read(self, info):
-        read_names.append(info.name)
-        return real_read(self, info)
+    def counting_open(path, *args, **kwargs):
+        opened.append(path)
+        return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(Checkpoint, "read", recording_read)
-    from conftest import fixture_dir
+    def recording_read_many(self, infos):
+        infos = list(infos)
+        read_names.extend(info.name for info in infos)
+        return real_read_many(self, infos)
 
-    for name in ("q35_dense_w8a8_dynamic", "q35_dense_w8a8_static"):
-        plan = DequantPlan.build(Checkpoint.open(fixture_dir(name), wanted=lambda n: "mtp" in n))
-        assert len(plan.to_dequantize) == 7
-    assert read_names and not [n for n in read_names if n.endswith(".weight")]
-    assert all(
-        n.endswith(("weight_scale", "weight_offset", "deq_scale", "input_scale"))
-        for n in read_names
-    )
-
-
-def test_hub_id_resolves_to_its_local_snapshot(tmp_path, monkeypatch):
-    """sglang downloads a hub model before loading it; the plugin finds that snapshot offline."""
-    import shutil
-
-    import huggingface_hub.constants
-
-    from conftest import fixture_dir
-    from sglang_mtp_dequant.plugin import _hub_snapshot
-
-    revision = "0123456789abcdef0123456789abcdef01234567"
-    repo = tmp_path / "models--acme--tiny-q35-w8a8"
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(revision)
-    shutil.copytree(fixture_dir(NAME), repo / "snapshots" / revision)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
-    assert _hub_snapshot("acme/tiny-q35-w8a8") == str(repo / "snapshots" / revision)
-    assert _hub_snapshot("acme/not-downloaded") is None  # local_files_only: no network
+    monkeypatch.setattr(checkpoint, "safe_open", counting_open)
+    monkeypatch.setattr(checkpoint.Checkpoint, "read_many", recording_read_many)
+    ckpt = open_checkpoint(folder)
+    shards = [os.path.join(folder, f) for f in shard_names(folder)]
+    assert sorted(opened) == sorted(ckpt.files) == shards  # headers: each file once
+    opened.clear()
+    plan = DequantPlan.build(ckpt)
+    assert len(plan.to_dequantize) == 7
+    assert sorted(opened) == shards  # companions: each file once, though 14 are read from two
+    bases = [w[: -len("weight")] for w in plan.to_dequantize]
+    assert sorted(read_names) == sorted(b + suffix for b in bases for suffix in read)

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import struct
-import tempfile
 
 import pytest
 import torch
@@ -22,13 +21,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from conftest import fixture_dir
+from conftest import fixture_dir, open_checkpoint
 from reference import dequantize_fp32, load_all
 from sglang_mtp_dequant.checkpoint import Checkpoint, TensorInfo
 from sglang_mtp_dequant.doctor import diagnose
 from sglang_mtp_dequant.errors import CheckpointFormatError, DraftWeightError
 from sglang_mtp_dequant.plan import DequantPlan
-from sglang_mtp_dequant.schemes import AffineInt8, StaticInt8
+from sglang_mtp_dequant.schemes.int8 import AffineInt8, StaticInt8
 
 FIXTURE = fixture_dir("q35_dense_w8a8_dynamic")
 SHARD = "quant_model_weights-00001-of-00001.safetensors"
@@ -57,9 +56,22 @@ json_values = st.recursive(
 names = st.text(alphabet=st.sampled_from("mtp.layers0/\\..weight_:x\x00 "), min_size=1, max_size=24)
 
 
+_COPIES: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def copies_under_pytest_tmp(tmp_path_factory):
+    """Every damaged copy lives under pytest's temp dir, and only the latest one exists."""
+    _COPIES["base"] = str(tmp_path_factory.mktemp("malformed"))
+    yield
+    shutil.rmtree(_COPIES.pop("base"), ignore_errors=True)
+
+
 def fresh_copy(edit_files: dict[str, bytes | None]) -> str:
-    """A copy of the fixture with some files replaced (bytes) or removed (None)."""
-    folder = os.path.join(tempfile.mkdtemp(prefix="malformed-"), "ckpt")
+    """A copy of the fixture with some files replaced (bytes) or removed (None); the copy of
+    the previous example is removed first (hypothesis runs hundreds of them)."""
+    folder = os.path.join(_COPIES["base"], "ckpt")
+    shutil.rmtree(folder, ignore_errors=True)
     shutil.copytree(FIXTURE, folder)
     for name, content in edit_files.items():
         path = os.path.join(folder, name)
@@ -73,9 +85,10 @@ def fresh_copy(edit_files: dict[str, bytes | None]) -> str:
 
 
 def open_or_clear_error(folder: str) -> Checkpoint | None:
-    """Checkpoint.open either works or raises CheckpointFormatError naming a file in folder."""
+    """Opening what sglang resolves either works or raises CheckpointFormatError naming a file
+    in folder."""
     try:
-        return Checkpoint.open(folder, wanted=IS_DRAFT)
+        return open_checkpoint(folder, wanted=IS_DRAFT)
     except CheckpointFormatError as exc:
         assert exc.file.startswith(folder) and exc.problem and exc.hint
         assert str(exc).startswith("sglang-mtp-dequant: ") and "What to do: " in str(exc)
@@ -87,7 +100,7 @@ def assert_consistent(ckpt: Checkpoint) -> None:
     every tensor it would dequantize decodes to the independent fp32 formula, or is refused."""
     for info in ckpt.tensors.values():
         try:
-            tensor = ckpt.read(info)
+            tensor = ckpt.read_many([info])[info.name]
         except CheckpointFormatError as exc:
             assert exc.file == info.file and info.name in exc.problem
             continue
@@ -95,14 +108,14 @@ def assert_consistent(ckpt: Checkpoint) -> None:
     plan = DequantPlan.build(ckpt)
     for name, entry in plan.entries.items():
         assert entry.action in ("dequantize", "keep", "error")
-        if entry.info.is_integer:
-            assert entry.action != "keep", f"{name}: integer codes planned as float"
+        if entry.info.holds_codes:
+            assert entry.action != "keep", f"{name}: codes planned as float"
         if entry.action == "error":
             assert isinstance(entry.error, DraftWeightError) and entry.error.tensor == name
         if entry.action == "dequantize":
-            codes = ckpt.read(entry.info)
+            codes = ckpt.read_many([entry.info])[name]
             got = entry.decoder.decompress(codes, torch.float32)
-            tensors = {k: ckpt.read(v) for k, v in ckpt.tensors.items()}
+            tensors = ckpt.read_many(ckpt.tensors.values())
             assert torch.equal(got, dequantize_fp32(tensors, name, "W8A8_DYNAMIC")), name
 
 
@@ -381,7 +394,7 @@ def test_unsigned_weights_are_not_planned_as_float():
     for tag, size in (("U16", 2), ("U32", 4), ("U64", 8)):
         entries = {"mtp.fc.weight": {"dtype": tag, "shape": [2, 2], "data_offsets": [0, 4 * size]}}
         folder = fresh_copy({SHARD: _header_file(entries, b"\1" * 4 * size), INDEX: None})
-        ckpt = Checkpoint.open(folder, wanted=IS_DRAFT)
+        ckpt = open_checkpoint(folder, wanted=IS_DRAFT)
         assert ckpt.tensors["mtp.fc.weight"].is_integer
         (entry,) = DequantPlan.build(ckpt).entries.values()
         assert entry.action == "error"

@@ -294,17 +294,17 @@ def test_decoding_never_allocates_a_full_fp32_copy():
 
 def test_stream_holds_no_decoded_tensor_after_yielding():
     """The transform is lazy: each decoded tensor is released once sglang's loader drops it."""
-    from sglang_mtp_dequant.checkpoint import Checkpoint
-    from sglang_mtp_dequant.cpu_sglang import safetensors_stream, weight_files
+    from conftest import open_checkpoint
+    from sglang_mtp_dequant.cpu_sglang import path_weights
     from sglang_mtp_dequant.plan import DequantPlan
     from sglang_mtp_dequant.stream import DequantizingStream
 
     folder = fixture_dir(MOE)
     is_draft = lambda name: name.startswith("mtp.")  # noqa: E731
-    plan = DequantPlan.build(Checkpoint.open(folder, wanted=is_draft))
-    stream = DequantizingStream(plan, torch.bfloat16, is_draft)
+    plan = DequantPlan.build(open_checkpoint(folder, wanted=is_draft))
+    stream = DequantizingStream(lambda: plan, torch.bfloat16, is_draft)
     alive = []
-    for name, tensor in stream.apply(safetensors_stream(weight_files(folder))):
+    for name, tensor in stream.apply(path_weights(folder)):
         if name in plan.to_dequantize:
             alive.append(weakref.ref(tensor))
         del tensor  # tensors hold no reference cycles: refcounting frees them right here

@@ -42,7 +42,8 @@ def test_register_twice_hooks_once(sglang_cpu):
 
 
 def test_missing_hook_target_warns_with_sglang_version(sglang_cpu, caplog):
-    from sglang_mtp_dequant.plugin import register, sglang_version
+    from sglang_mtp_dequant.context import sglang_version
+    from sglang_mtp_dequant.plugin import register
 
     spec = DraftSpec(
         target="sglang.srt.models.qwen3_5_mtp.NoSuchDraftClass.load_weights",
@@ -55,25 +56,69 @@ def test_missing_hook_target_warns_with_sglang_version(sglang_cpu, caplog):
     assert len(warnings) == 1
     message = warnings[0].getMessage()
     assert spec.target in message and f"sglang {sglang_version()}" in message
+    assert "has no attribute 'NoSuchDraftClass'" in message
     assert sglang_version() == "0.5.23"
 
 
+BROKEN_MODULES = {
+    # a missing native dependency, as on a host without the NPU stack
+    "missing_native": (
+        "raise ModuleNotFoundError(\"No module named 'torch_npu'\", name='torch_npu')\n",
+        "ModuleNotFoundError: No module named 'torch_npu'",
+    ),
+    "fails_at_import": (
+        "raise RuntimeError('CANN toolkit not found')\n",
+        "RuntimeError: CANN toolkit not found",
+    ),
+}
+
+
+def test_unimportable_hook_target_is_reported_with_its_own_error(
+    sglang_cpu, caplog, tmp_path, monkeypatch
+):
+    """pkgutil.resolve_name would say "module ... has no attribute ..."; the WARNING must carry
+    the exception the module itself raised."""
+    from sglang_mtp_dequant.plugin import register
+
+    package = tmp_path / "brokenmodels"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name, (body, _) in BROKEN_MODULES.items():
+        (package / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    caplog.set_level(logging.WARNING)
+    for name, (_, expected) in BROKEN_MODULES.items():
+        caplog.clear()
+        target = f"brokenmodels.{name}.SomeMTP.load_weights"
+        register(specs=(DraftSpec(target=target, architectures=("X",), name_rule=mtp_prefix),))
+        (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert target in warning and expected in warning, warning
+        assert "has no attribute" not in warning
+
+
 def test_float_mtp_checkpoint_loads_bit_identical_and_silent(sglang_cpu, caplog):
-    """Nothing quantized in the draft: the plugin changes no bit and logs no line."""
-    from sglang_mtp_dequant.cpu_sglang import CpuDraftBuilder, publish_context
+    """Nothing quantized in the draft: the plugin changes no bit and logs no line (the
+    completeness audit and the value guard ran, silently)."""
+    from sglang_mtp_dequant.cpu_sglang import (
+        build_draft,
+        draft_model_config,
+        publish_context,
+        sglang_weights,
+    )
 
     folder = fixture_dir("q35_dense_float_mtp")
     publish_context(folder)
-    builder = CpuDraftBuilder(folder)
-    stock_model, plugin_model = builder.build_draft(), builder.build_draft()
+    config = draft_model_config(folder)
+    stock_model, plugin_model = build_draft(config), build_draft(config)
     caplog.set_level(logging.DEBUG)
     caplog.clear()
-    type(stock_model).load_weights.__wrapped__(stock_model, builder.weights())
+    type(stock_model).load_weights.__wrapped__(stock_model, sglang_weights(config, stock_model))
     stock_lines = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
     caplog.clear()
-    type(plugin_model).load_weights(plugin_model, builder.weights())
+    type(plugin_model).load_weights(plugin_model, sglang_weights(config, plugin_model))
     plugin_lines = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
     assert plugin_lines == stock_lines
+    assert not [line for line in plugin_lines if line[0].startswith("sglang_mtp_dequant")]
     stock = dict(stock_model.named_parameters())
     for name, param in plugin_model.named_parameters():
         if name == "lm_head.weight":  # shared from the target at serve time; never loaded here
@@ -89,19 +134,25 @@ def test_quantized_draft_requested_is_left_to_sglang(load_draft, sglang_cpu, cap
     """
     from sglang.srt.layers.quantization.modelslim.modelslim import ModelSlimConfig
 
-    from sglang_mtp_dequant.cpu_sglang import CpuDraftBuilder, publish_context
+    from sglang_mtp_dequant.cpu_sglang import (
+        build_draft_class,
+        draft_model_config,
+        publish_context,
+        sglang_weights,
+    )
 
     folder = fixture_dir("q35_dense_w8a8_dynamic")
     with open(os.path.join(folder, "quant_model_description.json")) as handle:
         quant_config = ModelSlimConfig.from_config(json.load(handle))
     publish_context(folder)
-    builder = CpuDraftBuilder(folder)
+    config = draft_model_config(folder)
+    draft_class = "sglang.srt.models.qwen3_5_mtp.Qwen3_5ForCausalLMMTP"
     loaded = []
     for use_plugin in (False, True):
-        model = builder.build_draft(quant_config=quant_config)
+        model = build_draft_class(draft_class, config.hf_config, quant_config=quant_config)
         method = type(model).load_weights if use_plugin else type(model).load_weights.__wrapped__
         caplog.clear()
-        method(model, builder.weights())
+        method(model, sglang_weights(config, model))
         assert not [r for r in caplog.records if r.name == "sglang_mtp_dequant"]
         loaded.append(dict(model.named_parameters()))
     stock, plugin = loaded

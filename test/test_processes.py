@@ -41,6 +41,8 @@ if __name__ == "__main__":  # the launcher: CPU-only torchvision shim before sgl
 
 import pytest
 
+pytestmark = pytest.mark.slow  # spawns processes (see pyproject.toml)
+
 TEST_DIR = os.path.dirname(os.path.abspath(__file__))
 FIXTURE = os.path.join(TEST_DIR, "fixtures", "modelslim", "q35_dense_w8a8_dynamic")
 HOOK_TARGET = "sglang.srt.models.qwen3_5_mtp.Qwen3_5ForCausalLMMTP.load_weights"

@@ -56,6 +56,8 @@ from test_processes import (
     write_probe_site,
 )
 
+pytestmark = pytest.mark.slow  # spawns processes (see pyproject.toml)
+
 SETUP_HOOK = "sglang_mtp_dequant.ray_setup.setup"
 LAUNCH_TARGET = "sglang.srt.ray.engine.RayEngine._launch_scheduler_processes"
 DRIVER_TIMEOUT = 600.0  # a hang guard, not a speed limit (shared CI machines)
@@ -186,7 +188,6 @@ SETUP_IN_FRESH_INTERPRETER = (
 @pytest.fixture(scope="module")
 def runs():
     """The Ray driver and a bare ``setup()`` with the plugin excluded, started together."""
-    pytest.importorskip("ray")
     # not pytest's tmp_path: its base folders rotate under concurrent pytest sessions
     with tempfile.TemporaryDirectory(prefix="mtp-ray-") as tmp:
         return _runs(tmp)
@@ -311,7 +312,7 @@ def test_float_draft_or_no_draft_needs_no_activation():
         )
         is True
     )
-    # a hub id that is not downloaded: cannot tell, so the guard acts
+    # a hub id: not resolved here (no sglang context in the driver yet), so the guard acts
     assert (
         draft_may_need_plugin(
             SimpleNamespace(

@@ -36,6 +36,8 @@ from safetensors.torch import load_file
 from conftest import fixture_dir
 from tp_worker import Layout, RankJob, run_rank
 
+pytestmark = pytest.mark.slow  # spawns processes (see pyproject.toml)
+
 WORLD = 2
 DENSE = "q35_dense_w8a8_dynamic"
 MOE = "q35moe_w8a8_dynamic"
@@ -271,18 +273,22 @@ def test_ranks_are_the_layout_sglang_computed(ranks, tag):
         assert (got["moe_ep_rank"], got["moe_tp_rank"]) == ((rank, 0) if ep == 2 else (0, rank))
 
 
+#: what each rank's INFO line says: under EP=2 a rank decodes only the 2 experts it keeps (of
+#: 4 experts x 3 projections) and passes the other 6 tensors on undecoded (its FusedMoE drops them)
+DECODED = {
+    "dense_tp2": ("dequantized 7 tensors (W8A8_DYNAMIC x7)", "0 expert tensors left"),
+    "moe_tp2": ("dequantized 15 tensors (W8A8_DYNAMIC x15)", "0 expert tensors left"),
+    "moe_tp2_ep2": ("dequantized 9 tensors (W8A8_DYNAMIC x9)", "6 expert tensors left"),
+}
+
+
 @pytest.mark.parametrize("tag", list(LOADS))
-def test_hook_dequantized_on_every_rank(ranks, tag):
-    """One INFO line per rank per load: the hook ran there and decoded every quantized tensor."""
-    name = LOADS[tag][0]
-    expected = (
-        "dequantized 7 tensors (W8A8_DYNAMIC x7)"
-        if name == DENSE
-        else ("dequantized 15 tensors (W8A8_DYNAMIC x15)")
-    )
+def test_hook_dequantized_what_each_rank_keeps(ranks, tag):
+    """One INFO line per rank per load (and no complaint from the completeness audit or the
+    value guard): the hook ran there and decoded the quantized tensors this rank keeps."""
     for rank in range(WORLD):
         log = ranks.report(f"{tag}.rank{rank}.json")["plugin_log"]
-        assert len(log) == 1 and expected in log[0], log
+        assert len(log) == 1 and all(part in log[0] for part in DECODED[tag]), log
 
 
 @pytest.mark.parametrize("tag", list(LOADS))

@@ -14,8 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import fixture_dir
-from sglang_mtp_dequant.checkpoint import Checkpoint
+from conftest import fixture_dir, open_checkpoint
 from sglang_mtp_dequant.drafts import DRAFT_SPECS
 from sglang_mtp_dequant.plan import DequantPlan
 from sglang_mtp_dequant.stream import DequantizingStream
@@ -26,7 +25,7 @@ is_mtp = DRAFT_SPECS[0].draft_names(None)
 
 
 def plan_for(folder: str) -> DequantPlan:
-    return DequantPlan.build(Checkpoint.open(folder, wanted=is_mtp))
+    return DequantPlan.build(open_checkpoint(folder, wanted=is_mtp))
 
 
 def test_scale_discovery_keyed_by_weight_name():
@@ -59,7 +58,7 @@ def test_non_mtp_scales_and_weights_ignored():
     backbone = [(n, t) for n, t in tensors.items() if not n.startswith("mtp.")]
     assert any(n.endswith(".weight_scale") for n, _ in backbone)
     assert any(t.dtype == torch.int8 for _, t in backbone)
-    out = list(DequantizingStream(plan, torch.bfloat16, is_mtp).apply(backbone))
+    out = list(DequantizingStream(lambda: plan, torch.bfloat16, is_mtp).apply(backbone))
     assert len(out) == len(backbone)
     assert all(a[1] is b[1] for a, b in zip(out, backbone, strict=True))
 
@@ -121,16 +120,21 @@ def test_no_double_dequant_when_upstream_fix_is_present(load_draft, sglang_cpu):
     """Our transform runs first and hands bf16; the upstream rule only fires on int8."""
     from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
 
-    from sglang_mtp_dequant.cpu_sglang import CpuDraftBuilder, publish_context
+    from sglang_mtp_dequant.cpu_sglang import (
+        build_draft,
+        draft_model_config,
+        publish_context,
+        sglang_weights,
+    )
     from sglang_mtp_dequant.plugin import make_load_weights_hook
 
     folder = fixture_dir(NAME)
     expected = dict(load_draft(folder).named_parameters())
     publish_context(folder)
-    builder = CpuDraftBuilder(folder)
-    model = builder.build_draft()
+    config = draft_model_config(folder)
+    model = build_draft(config)
     upstream = upstream_style_load_weights(Qwen3_5ForCausalLMMTP.load_weights.__wrapped__)
-    make_load_weights_hook(DRAFT_SPECS[0])(upstream, model, builder.weights())
+    make_load_weights_hook(DRAFT_SPECS[0])(upstream, model, sglang_weights(config, model))
     for name, param in model.named_parameters():
         if name != "lm_head.weight":
             assert torch.equal(param, expected[name]), name
@@ -143,7 +147,7 @@ def test_already_float_weights_pass_through(load_draft, sglang_cpu):
     tensors = load_file(os.path.join(folder, SHARD))
     name = "mtp.layers.0.mlp.down_proj.weight"
     already = (tensors[name].float() * tensors[name + "_scale"].float()).bfloat16()
-    stream = DequantizingStream(plan, torch.bfloat16, is_mtp)
+    stream = DequantizingStream(lambda: plan, torch.bfloat16, is_mtp)
     out = dict(stream.apply([(name, already), (name + "_scale", tensors[name + "_scale"])]))
     assert out[name] is already and stream.stats.already_float == 1
     assert name + "_scale" not in out

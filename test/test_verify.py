@@ -1,8 +1,8 @@
-"""``sglang-mtp-dequant verify``: sglang's real draft, loaded stock and with the plugin.
+"""``sglang-mtp-dequant verify``: sglang's real draft, loaded stock, by reference, and with the plugin.
 
 Runs in the test process (sglang is imported once per session): ``run_verify`` does what the
-console script does, ``load_plugins()`` included. The figures it reports are checked against
-the test suite's own independent reference (``reference.py``) and the original float weights.
+console script does, ``load_plugins()`` included. What it reports is checked against the test
+suite's own independent reference (``reference.py``) and the original float weights.
 """
 
 from __future__ import annotations
@@ -17,53 +17,68 @@ from safetensors.torch import load_file
 from conftest import DENSE_W8, fixture_dir, reference_file
 from reference import DENSE_PROJECTIONS, dequantize_fp32, description, load_all
 from sglang_mtp_dequant.cli import main
-from sglang_mtp_dequant.verify import independent_dequantize, render_verify, run_verify
+from sglang_mtp_dequant.verify import (
+    ParamRow,
+    VerifyReport,
+    independent_dequantize,
+    render_verify,
+    run_verify,
+)
+
+DEMO = "q35_dense_w8a8_dynamic"
 
 
 @pytest.fixture(scope="module")
 def demo_report(sglang_cpu):
-    name = "q35_dense_w8a8_dynamic"
-    return run_verify(fixture_dir(name), reference=reference_file(name), progress=False)
+    return run_verify(fixture_dir(DEMO), reference=reference_file(DEMO))
 
 
 def test_projections_side_by_side(demo_report):
     assert demo_report.ok and demo_report.class_name == "Qwen3_5ForCausalLMMTP"
     assert demo_report.plugin_error is None and demo_report.stock_error is None
+    assert demo_report.folder == fixture_dir(DEMO)
     rows = {r.parameter: r for r in demo_report.rows}
-    original = load_file(reference_file("q35_dense_w8a8_dynamic"))
+    original = load_file(reference_file(DEMO))
     for param, parts in DENSE_PROJECTIONS.items():
         row = rows[param]
-        assert row.sources == parts
+        assert sorted(row.sources) == sorted(parts) and row.quantized
         assert row.stock_absmax == 128.0  # raw int8 codes
         assert row.plugin_absmax is not None and row.plugin_absmax < 0.1
-        assert row.exact is True and row.matches_dequant is True
+        assert row.check == "exact" and row.max_error == 0.0
         assert row.stock_reference_error is not None and row.stock_reference_error > 127
         want = torch.cat([original[p].float() for p in parts])
         assert row.reference_absmax == float(want.abs().max())
         assert row.plugin_reference_error is not None and row.plugin_reference_error < 1e-3
 
 
-def test_float_parameters_identical_in_both_loads(demo_report):
+def test_float_parameters_identical_in_every_load(demo_report):
     rows = {r.parameter: r for r in demo_report.rows}
     for param in ("fc.weight", "model.norm.weight", "model.layers.0.q_norm.weight"):
         row = rows[param]
-        assert row.stock_absmax == row.plugin_absmax and row.dequant_error == 0.0
-        assert row.stock_reference_error == 0.0 and row.plugin_reference_error == 0.0
+        assert not row.quantized and row.check == "exact"
+        assert row.stock_absmax == row.plugin_absmax
     assert "lm_head.weight" not in rows and "model.embed_tokens.weight" not in rows
+    assert demo_report.checked == len(demo_report.rows) == 12
 
 
 def test_rendered_report_says_which_load_is_which(demo_report):
     text = render_verify(demo_report)
+    lines = text.splitlines()
+    assert f"  resolved: {fixture_dir(DEMO)} (sglang" in text
     assert (
-        "stock  = sglang's load_weights with the hook bypassed (load_weights.__wrapped__)" in text
+        "  stock     = sglang's load_weights with the hook bypassed (load_weights.__wrapped__)"
+        in lines
     )
-    assert "plugin = load_weights as hooked by sglang.srt.plugins.load_plugins()" in text
-    header = next(line for line in text.splitlines() if line.startswith("parameter "))
-    assert "stock absmax  plugin absmax  dequant err" in header
+    assert "  plugin    = load_weights as hooked by sglang.srt.plugins.load_plugins()" in lines
+    header = next(line for line in lines if line.startswith("parameter "))
+    assert "stock absmax  plugin absmax  check" in header
     assert "stock err vs ref  plugin err vs ref" in header
-    qkv = next(line for line in text.splitlines() if line.startswith("model.layers.0.qkv_proj"))
-    assert "mtp.layers.0.self_attn.{q_proj,k_proj,v_proj}.weight" in qkv and "(exact)" in qkv
-    assert text.splitlines()[-1].startswith("verdict: ok - 12 draft parameters match")
+    qkv = next(line for line in lines if line.startswith("model.layers.0.qkv_proj"))
+    assert "mtp.layers.0.self_attn.{" in qkv and " exact " in qkv
+    assert lines[-1] == (
+        "verdict: ok - 12 draft parameters equal the reference bit for bit (4 of them decoded "
+        "from codes)"
+    )
     assert "memory: " in text and "estimated on the meta device" in text
 
 
@@ -74,14 +89,14 @@ def test_independent_dequantizer_agrees_with_the_test_reference(name):
     tensors, desc = load_all(folder), description(folder)
     for parts in DENSE_PROJECTIONS.values():
         for part in parts:
-            got = independent_dequantize(tensors, part, desc[part])
+            got = independent_dequantize(tensors, part, desc[part], desc.get("version"))
             assert torch.equal(got, dequantize_fp32(tensors, part, desc[part]))
 
 
 def test_refused_checkpoint_is_an_error_with_both_outcomes(sglang_cpu, copy_checkpoint):
     """An int8 draft weight described as a scheme the plugin does not decode: stock copies its
     codes, the plugin refuses it by name."""
-    folder = copy_checkpoint("q35_dense_w8a8_dynamic")
+    folder = copy_checkpoint(DEMO)
     path = os.path.join(folder, "quant_model_description.json")
     with open(path) as handle:
         desc = json.load(handle)
@@ -89,39 +104,65 @@ def test_refused_checkpoint_is_an_error_with_both_outcomes(sglang_cpu, copy_chec
     os.chmod(path, 0o644)
     with open(path, "w") as handle:
         json.dump(desc, handle)
-    report = run_verify(folder, progress=False)
+    report = run_verify(folder)
     assert not report.ok and report.stock_error is None
     assert "'mtp.layers.0.mlp.up_proj.weight'" in (report.plugin_error or "")
     gate_up = {r.parameter: r for r in report.rows}["model.layers.0.mlp.gate_up_proj.weight"]
     assert gate_up.stock_absmax == 128.0 and gate_up.plugin_absmax is None
     text = render_verify(report)
-    assert "plugin load refused: sglang-mtp-dequant: draft tensor" in text
+    assert "plugin load refused: DraftWeightError: sglang-mtp-dequant: draft tensor" in text
     assert text.splitlines()[-1].startswith("verdict: error")
 
 
 def test_packed_int4_checkpoint_stock_stops_plugin_exact(sglang_cpu):
     """W4A8_DYNAMIC: stock sglang's loader stops on the packed shape; the plugin's draft equals
-    verify's own int4 unpacking and dequantization, and the original within 0.006."""
+    the reference load (verify's own int4 unpacking) and the original within 0.006."""
     name = "q35_dense_w4a8_dynamic"
-    report = run_verify(fixture_dir(name), reference=reference_file(name), progress=False)
+    report = run_verify(fixture_dir(name), reference=reference_file(name))
     assert report.ok and report.plugin_error is None
     assert report.stock_error is not None and "param_data.shape" in report.stock_error
     rows = {r.parameter: r for r in report.rows}
     for param in DENSE_PROJECTIONS:
         row = rows[param]
-        assert row.quantized and row.exact is True
+        assert row.quantized and row.check == "exact"
         assert row.plugin_reference_error is not None and row.plugin_reference_error < 0.006
 
 
-def test_cli_verify_exit_code_and_output(sglang_cpu, capsys):
+def test_moe_checkpoint_every_expert_checked(sglang_cpu):
+    report = run_verify(fixture_dir("q35moe_w8a8_dynamic"))
+    assert report.ok, render_verify(report)
+    rows = {r.parameter: r for r in report.rows}
+    w13 = rows["model.layers.0.mlp.experts.w13_weight"]
+    assert w13.quantized and w13.check == "exact" and len(w13.sources) == 2 * 4
+
+
+def test_cli_verify_exit_code_and_output(sglang_cpu, capsys, tmp_path):
     name = "q35_dense_w8a8_static"
-    code = main(["verify", fixture_dir(name), "--no-progress"])
+    log = tmp_path / "sglang.log"
+    code = main(["verify", fixture_dir(name), "--log", str(log)])
+    captured = capsys.readouterr()
+    assert code == 0 and captured.out.rstrip().splitlines()[-1].startswith("verdict: ok")
+    assert "model.layers.0.mlp.down_proj.weight" in captured.out
+    assert "Multi-thread loading shards" not in captured.out  # sglang's bar: in the log
+    assert "UserWarning" not in captured.out
+    assert "Multi-thread loading shards" in log.read_text()
+
+
+def test_cli_verify_on_an_unhooked_architecture(capsys, tmp_path):
+    """A Qwen3 checkpoint: sglang builds no draft class this plugin hooks; said by name."""
+    log = str(tmp_path / "sglang.log")
+    code = main(["verify", fixture_dir("qwen3_v0_w4a16_per_group"), "--log", log])
     out = capsys.readouterr().out
-    assert code == 0 and out.rstrip().splitlines()[-1].startswith("verdict: ok")
-    assert "model.layers.0.mlp.down_proj.weight" in out
+    assert code == 1 and "a draft class whose load_weights this plugin does not hook" in out
+    assert out.rstrip().splitlines()[-1].startswith("verdict: error")
 
 
-def test_cli_verify_on_an_unhooked_architecture(capsys):
-    code = main(["verify", fixture_dir("qwen3_v0_w4a16_per_group"), "--no-progress"])
-    err = capsys.readouterr().err
-    assert code == 1 and "architecture 'Qwen3ForCausalLM' has no draft class" in err
+def test_nothing_checked_is_never_ok():
+    """Rows that could not be compared (no independent rule, nothing the reference wrote)
+    make no verdict: an error, never "ok"."""
+    report = VerifyReport(requested="/ckpt")
+    report.rows = [ParamRow("model.layers.0.mlp.experts.w13_weight", [], why="no rule")]
+    assert report.checked == 0 and not report.ok
+    assert render_verify(report).splitlines()[-1] == (
+        "verdict: error - no draft parameter could be checked"
+    )

@@ -15,8 +15,9 @@ Each child is what one of sglang's scheduler processes is for the draft: a fresh
 (spawn, the start method sglang forces) that activates plugins with sglang's own
 ``load_plugins()``, publishes its ServerArgs with its world rank, joins sglang's own gloo
 process groups (``init_distributed_environment`` / ``initialize_model_parallel``), builds the
-real ``Qwen3_5ForCausalLMMTP`` and loads the whole checkpoint stream through sglang's own
-safetensors iterator; sglang's weight loaders keep this rank's shard. What a child cannot do
+real ``Qwen3_5ForCausalLMMTP`` from sglang's draft ``ModelConfig`` and loads the whole checkpoint
+through sglang's own ``DefaultModelLoader`` stream; sglang's weight loaders keep this rank's
+shard. What a child cannot do
 here it does not pretend to: no forward pass, no GPU.
 
 The child never returns into multiprocessing's teardown: it ends with ``os._exit`` (a gloo
@@ -151,7 +152,7 @@ def _load_and_save(job: RankJob, tag: str, folder: str) -> None:
     from sglang.srt.distributed import parallel_state
     from sglang.srt.runtime_context import get_parallel
 
-    from sglang_mtp_dequant.cpu_sglang import CpuDraftBuilder, safetensors_stream, weight_files
+    from sglang_mtp_dequant.cpu_sglang import build_draft, draft_model_config, sglang_weights
 
     par = get_parallel()
     ranks = {
@@ -168,12 +169,12 @@ def _load_and_save(job: RankJob, tag: str, folder: str) -> None:
     plugin_logger.addHandler(records)
     plugin_logger.setLevel(logging.INFO)
     try:
-        builder = CpuDraftBuilder(folder, dtype=torch.bfloat16)
-        files = weight_files(folder)
-        draft = builder.build_draft()
-        type(draft).load_weights(draft, safetensors_stream(files))  # through the hook
-        stock = builder.build_draft()
-        type(stock).load_weights.__wrapped__(stock, safetensors_stream(files))  # sglang alone
+        config = draft_model_config(folder)
+        assert config.dtype == torch.bfloat16
+        draft = build_draft(config)
+        type(draft).load_weights(draft, sglang_weights(config, draft))  # through the hook
+        stock = build_draft(config)
+        type(stock).load_weights.__wrapped__(stock, sglang_weights(config, stock))  # sglang alone
     finally:
         plugin_logger.removeHandler(records)
     params = {n: p.detach().contiguous() for n, p in draft.named_parameters()}
@@ -194,7 +195,7 @@ def _hook_evidence() -> dict:
     from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sglang_mtp_dequant.plugin import registered_targets
+    from sglang_mtp_dequant.context import registered_targets
 
     hooks = [h for _, h, _ in HookRegistry._hooks.get(HOOK_TARGET, [])]
     return {

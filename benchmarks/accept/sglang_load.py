@@ -1,10 +1,10 @@
 """Load the MTP draft three ways through sglang 0.5.23's real class, loader and plugin hook.
 
-Each load: ``CpuDraftBuilder`` builds ``Qwen3_5ForCausalLMMTP`` (bf16, CPU) for the folder,
-sglang's own ``safetensors_weights_iterator`` streams every ``*.safetensors`` of it, and
-``load_weights`` runs either hooked (the plugin, installed through sglang's
-``load_plugins()`` from this package's entry point) or unhooked (``__wrapped__``: stock
-sglang). The loaded parameters are then mapped back onto ``model.MtpHead`` (q/k/v and
+Each load: sglang's draft ``ModelConfig`` for the folder picks and builds
+``Qwen3_5ForCausalLMMTP`` (bf16, CPU), sglang's own ``DefaultModelLoader`` resolves and streams
+the folder's weights, and ``load_weights`` runs either hooked (the plugin, installed through
+sglang's ``load_plugins()`` from this package's entry point, its completeness audit and guard
+included) or unhooked (``__wrapped__``: stock sglang). The loaded parameters are then mapped back onto ``model.MtpHead`` (q/k/v and
 gate/up are fused in sglang) so the simulation runs exactly what sglang loaded.
 """
 
@@ -49,7 +49,7 @@ def prepare(first_folder: str) -> None:
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
-    from sglang_mtp_dequant.plugin import registered_targets
+    from sglang_mtp_dequant.context import registered_targets
 
     if HOOK_TARGET not in registered_targets():
         raise RuntimeError("sglang's load_plugins() did not run sglang_mtp_dequant's register()")
@@ -57,11 +57,18 @@ def prepare(first_folder: str) -> None:
 
 def load(label: str, folder: str, plugin: bool) -> LoadedDraft:
     """One draft load of ``folder`` (the folder is published as sglang's --model-path)."""
-    from sglang_mtp_dequant.cpu_sglang import CpuDraftBuilder, publish_context
+    from sglang_mtp_dequant.cpu_sglang import (
+        build_draft,
+        draft_model_config,
+        publish_context,
+        sglang_weights,
+    )
 
     publish_context(folder)
-    builder = CpuDraftBuilder(folder, dtype=torch.bfloat16)
-    model = builder.build_draft()
+    config = draft_model_config(folder)
+    if config.dtype != torch.bfloat16:
+        raise RuntimeError(f"{folder}: sglang builds the draft in {config.dtype}, not bfloat16")
+    model = build_draft(config)
     method = type(model).load_weights
     if not plugin:
         method = method.__wrapped__  # sglang's own load_weights, without the hook
@@ -71,7 +78,7 @@ def load(label: str, folder: str, plugin: bool) -> LoadedDraft:
     previous = plugin_logger.level
     plugin_logger.setLevel(logging.INFO)
     try:
-        method(model, builder.weights())
+        method(model, sglang_weights(config, model))
     finally:
         plugin_logger.removeHandler(handler)
         plugin_logger.setLevel(previous)

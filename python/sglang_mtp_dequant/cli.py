@@ -82,10 +82,13 @@ def _sglang_output(log: str | None) -> Iterator[Callable[[str], None]]:
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
     with open(log, "w", encoding="utf-8") as handle:
+        # the descriptors (C code, handlers that kept the original streams) and the Python
+        # streams (whatever replaced them, e.g. a test's capture)
         os.dup2(handle.fileno(), 1)
         os.dup2(handle.fileno(), 2)
         try:
-            yield lambda line: os.write(saved[0], f"{line}\n".encode())
+            with contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
+                yield lambda line: os.write(saved[0], f"{line}\n".encode())
         finally:
             sys.stdout.flush()
             sys.stderr.flush()

@@ -207,6 +207,7 @@ def _dry_run(report: Diagnosis, source, ckpt: Checkpoint, plan: DequantPlan, spe
         )
         return
     report.dry_run = f"{coverage.class_name} on the meta device"
+    report.draft_dtype = coverage.dtype  # what sglang's --dtype auto builds
     report.unfilled = coverage.unwritten
     report.skipped = coverage.skipped
 

@@ -33,6 +33,7 @@ class Coverage:
     """The write record of a dry-run load."""
 
     class_name: str
+    dtype: str
     unwritten: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
 
@@ -55,7 +56,8 @@ def simulate_load(
             lambda: plan, draft_dtype(model), spec.draft_names(model), observer=writes.on_streamed
         )
         method(model, stream.apply(_header_tensors(checkpoint)))
-    return Coverage(type(model).__name__, writes.unwritten(), writes.skipped_names())
+    dtype = str(draft_dtype(model)).replace("torch.", "")
+    return Coverage(type(model).__name__, dtype, writes.unwritten(), writes.skipped_names())
 
 
 def _header_tensors(checkpoint: Checkpoint) -> Iterator[tuple[str, torch.Tensor]]:

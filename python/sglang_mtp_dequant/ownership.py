@@ -79,13 +79,24 @@ class ExpertOwnership:
 
     @staticmethod
     def _keeps_all(module: torch.nn.Module) -> bool:
-        """Placements the plain mapping does not describe: keep every expert."""
-        if getattr(module, "uses_expert_location", False):
+        """Placements the plain mapping does not describe: keep every expert. The test is the
+        one ``FusedMoE.weight_loader`` makes (drafts, built in sglang's speculative scope, never
+        use expert-location metadata)."""
+        if getattr(module, "uses_expert_location", False) and _expert_location_metadata():
             return True  # EPLB: physical replicas decide, not the mapping
         for param in module.parameters(recurse=False):
             if getattr(param, "_sglang_require_global_experts", False):
                 return True
         return getattr(module, "moe_ep_size", 1) == 1
+
+
+def _expert_location_metadata() -> object | None:
+    try:
+        from sglang.srt.eplb.expert_location import get_global_expert_location_metadata
+
+        return get_global_expert_location_metadata()
+    except Exception:  # noqa: BLE001 - another sglang: treat as present, keep every expert
+        return True
 
 
 def _ask(module: torch.nn.Module, expert: int) -> bool:

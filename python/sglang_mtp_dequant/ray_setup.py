@@ -37,6 +37,7 @@ draft module once when it starts.
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
 import logging
@@ -47,8 +48,8 @@ from typing import Any
 from . import context
 from .checkpoint import Checkpoint
 from .config import CheckpointConfig
+from .context import WeightSource
 from .drafts import DRAFT_SPECS
-from .sources import resolve_offline
 
 logger = logging.getLogger("sglang_mtp_dequant")
 
@@ -202,24 +203,24 @@ def _submitted_job_runtime_env() -> dict | None:
 
 
 def draft_may_need_plugin(server_args: Any) -> bool:
-    """False only when no draft is configured, or its checkpoint (resolved offline as sglang
-    resolves it) holds no draft tensor stored as codes: then the actors have nothing for the
-    plugin to do. Anything unknown counts as needing it (refusing a launch that would have
-    worked is loud; the opposite is silent)."""
+    """False only when no draft is configured, or its checkpoint is a local folder none of
+    whose ``*.safetensors`` files holds a draft tensor stored as codes: then the actors have
+    nothing for the plugin to do. Every file of the folder is read (a superset of what sglang
+    streams: no codes there means none in what it streams), without sglang's resolution,
+    which needs a published context this driver may not have yet. Anything else (a hub id,
+    an unreadable folder) counts as needing the plugin: refusing a launch that would have
+    worked is loud; the opposite is silent."""
     if not getattr(server_args, "speculative_algorithm", None):
         return False
-    draft = getattr(server_args, "speculative_draft_model_path", None)
-    path = draft or getattr(server_args, "model_path", None)
-    if not path:
+    path = getattr(server_args, "speculative_draft_model_path", None) or getattr(
+        server_args, "model_path", None
+    )
+    if not path or not os.path.isdir(path):
         return True
-    revision_arg = "speculative_draft_model_revision" if draft else "revision"
     try:
-        source = resolve_offline(
-            path,
-            download_dir=getattr(server_args, "download_dir", None),
-            revision=getattr(server_args, revision_arg, None),
-        )
-        config = CheckpointConfig.read(source.folder)  # NextN drafts: num_hidden_layers
+        files = tuple(sorted(glob.glob(os.path.join(path, "*.safetensors"))))
+        source = WeightSource(str(path), str(path), files, "every *.safetensors of the folder")
+        config = CheckpointConfig.read(str(path))  # NextN drafts: num_hidden_layers
         rules = [spec.draft_names(config) for spec in DRAFT_SPECS]
         ckpt = Checkpoint.open(source, wanted=lambda name: any(rule(name) for rule in rules))
     except Exception:  # noqa: BLE001 - anything unknown: assume the plugin is needed

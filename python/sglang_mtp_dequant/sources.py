@@ -147,11 +147,12 @@ def resolve_offline(
             folder, files, use_safetensors = loader._prepare_weights(asked, revision, True)
     except Exception as exc:  # noqa: BLE001 - huggingface_hub, modelscope and sglang errors
         where = f" (nor in --download-dir {download_dir})" if download_dir else ""
+        at = f" at revision {revision!r}" if revision else ""
         raise CheckpointFormatError(
             file=path,
             problem=(
                 f"is not a checkpoint folder, and sglang found no local copy of it as a hub "
-                f"model{where}: {type(exc).__name__}: {exc}"
+                f"model{at}{where}: {type(exc).__name__}: {exc}"
             ),
             hint=(
                 "pass the local checkpoint folder, or the hub id with the --download-dir and "

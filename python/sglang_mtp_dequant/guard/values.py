@@ -49,14 +49,18 @@ class CodeFormat:
     min_absmax: float
     min_distinct: int
 
-    def on_grid(self, values: torch.Tensor, informative: float) -> torch.Tensor:
-        """Per row of fp32 ``values``: is every value a code of this format?"""
+    def on_grid(self, values: torch.Tensor, informative: float, full: bool = True) -> torch.Tensor:
+        """Per row of fp32 ``values``: is every value a code of this format? ``full=False``
+        (a few sampled columns) asks only what every sampled value must satisfy."""
         magnitude = values.abs()
         if self.name == "integer":
-            # all finite whole numbers (frac is NaN for inf), mostly below 2**mantissa_bits of
-            # the parameter's dtype: a row of huge bf16 values is integral by representation
-            small = magnitude < informative
-            return (torch.frac(values) == 0).all(dim=-1) & (small.sum(dim=-1) * 4 >= values.shape[-1])
+            # all finite whole numbers (frac is NaN for inf), and, over a whole row, mostly
+            # below 2**mantissa_bits of the parameter's dtype: a row of huge bf16 values is
+            # integral by representation, while half of a uint8 row's codes pass 128
+            whole = (torch.frac(values) == 0).all(dim=-1)
+            if not full:
+                return whole
+            return whole & ((magnitude < informative).sum(dim=-1) * 4 >= values.shape[-1])
         if self.name == "fp4":
             return torch.isin(magnitude, _FP4_VALUES).all(dim=-1)
         # float8: at most 3 mantissa bits and within e5m2's range (e4m3's is inside it)
@@ -65,7 +69,8 @@ class CodeFormat:
         return (few_bits & (magnitude <= 57344.0) & torch.isfinite(values)).all(dim=-1)
 
 
-#: checked in this order: integers are on the float8 grid up to 16, fp4 values always are
+#: in this order, which breaks ties: integers up to 16 are on the float8 grid, fp4 values are
+#: on it always, and e4m3 values from 8 up are integers
 INTEGER = CodeFormat("integer", min_absmax=8.0, min_distinct=16)
 FP4 = CodeFormat("fp4", min_absmax=3.0, min_distinct=8)
 FLOAT8 = CodeFormat("float8", min_absmax=16.0, min_distinct=16)
@@ -88,6 +93,10 @@ class CodeEvidence:
     distinct: int  # distinct values seen (counting stops at the threshold)
     kind: str = "integer"
 
+    @property
+    def row_count(self) -> int:
+        return sum(b - a for a, b in self.rows)
+
     def describe(self) -> str:
         ranges = ", ".join(f"{a}-{b - 1}" if b - a > 1 else str(a) for a, b in self.rows[:4])
         if len(self.rows) > 4:
@@ -99,12 +108,11 @@ class CodeEvidence:
 
 
 def code_evidence(tensor: torch.Tensor) -> CodeEvidence | None:
-    """Evidence that rows of a float tensor hold raw codes of some format, or None."""
-    for fmt in FORMATS:
-        evidence = grid_evidence(tensor, fmt)
-        if evidence is not None:
-            return evidence
-    return None
+    """Evidence that rows of a float tensor hold raw codes of some format, or None: the format
+    whose grid holds the most rows (scaled e4m3 values are integers in the rows whose values
+    are all 8 or more, and on the float8 grid in every row)."""
+    found = [e for e in (grid_evidence(tensor, fmt) for fmt in FORMATS) if e is not None]
+    return max(found, key=lambda e: e.row_count, default=None)
 
 
 def integer_code_evidence(tensor: torch.Tensor) -> CodeEvidence | None:
@@ -135,7 +143,7 @@ def grid_evidence(tensor: torch.Tensor, fmt: CodeFormat) -> CodeEvidence | None:
     rows, cols = flat.shape
     informative = 1.0 / torch.finfo(flat.dtype).eps  # 2**mantissa_bits: 128 for bf16
     sample = flat[:, :: max(1, cols // SAMPLE_COLUMNS)].float()
-    maybe = fmt.on_grid(sample, informative)
+    maybe = fmt.on_grid(sample, informative, full=False)
     if not bool(maybe.any()):
         return None  # the common case: every row has an off-grid value among its samples
     candidates = maybe.nonzero().flatten()

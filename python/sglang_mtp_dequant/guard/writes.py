@@ -30,10 +30,13 @@ DeepSeek's loader writes from a thread pool, so the record is locked.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+
+from ..naming import DEFAULT_PACKED
 
 _MAP = "_map_global_expert_id_to_local_expert_id"
 _ALL = ("all",)
@@ -49,14 +52,29 @@ class WriteRecorder:
             for name, param in model.named_parameters()
             if not any(token in from_target for token in name.split("."))
         }
+        #: checkpoint module -> the stacked parameter module the class concatenates it into
+        packed = {**DEFAULT_PACKED, **(getattr(model, "packed_modules_mapping", None) or {})}
+        self._stacked_into = {
+            part: stacked
+            for stacked, parts in packed.items()
+            if isinstance(parts, (list, tuple))
+            for part in parts
+        }
         self.written: dict[str, set[tuple]] = {name: set() for name in self.params}
         self._expected: dict[str, set[tuple] | None] = {}
         self._saved: list[tuple[torch.nn.Parameter, bool, Any]] = []
         self._lock = threading.Lock()
         self._main = threading.get_ident()
         self._current: str | None = None
-        self._storage_names: dict[int, str] = {}
-        self._streamed: list[str] = []
+        #: every streamed tensor, weakly: alive means the loader (or a view of it) still holds
+        #: it, so no other tensor can occupy its bytes
+        self._streamed: dict[str, weakref.ref] = {}
+        #: (first byte, end, name) of each streamed tensor, newest last: tensors of one file
+        #: can share one storage (a buffered iterator), so bytes, not storages, tell them apart
+        self._spans: list[tuple[int, int, str]] = []
+        self._fed: set[str] = set()
+        #: parameters with a write not traced by its bytes (``_trace_stacked``)
+        self._untraced: set[str] = set()
         #: parameter -> the streamed checkpoint names whose writes reached it, in write order
         self.fed_by: dict[str, list[str]] = {name: [] for name in self.params}
 
@@ -80,13 +98,17 @@ class WriteRecorder:
             else:
                 del param.weight_loader
         self._saved.clear()
+        self._trace_stacked()
 
     def on_streamed(self, name: str, tensor: torch.Tensor) -> None:
-        """The stream hands ``name`` to sglang: writes on this thread until the next name, and
-        writes of this tensor's storage (or a view of it) on any thread, are its."""
-        self._current = name
-        self._streamed.append(name)
-        self._storage_names[_storage(tensor)] = name
+        """The stream hands ``name`` to sglang: writes of this tensor's storage (or a view of
+        it) on any thread are its, and so are writes on the loading thread until the next
+        name."""
+        with self._lock:
+            self._current = name
+            self._streamed[name] = weakref.ref(tensor)
+            start = _address(tensor)
+            self._spans.append((start, start + tensor.numel() * tensor.element_size(), name))
 
     def _recording(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         module = getattr(original, "__self__", None)
@@ -99,25 +121,31 @@ class WriteRecorder:
             with self._lock:
                 if part is not None:
                     self.written[name].add(part)
-                source = self._source_of(loaded)
-                if source is not None and source not in self.fed_by[name]:
-                    self.fed_by[name].append(source)
+                sources, by_bytes = self._sources_of(loaded)
+                if not by_bytes:
+                    self._untraced.add(name)
+                for source in sources:
+                    self._fed.add(source)
+                    if source not in self.fed_by[name]:
+                        self.fed_by[name].append(source)
             return result
 
         recording_weight_loader.__wrapped__ = original  # type: ignore[attr-defined]
         return recording_weight_loader
 
-    def _source_of(self, loaded: object) -> str | None:
-        """The streamed name a write came from: the tensor's storage (a view or chunk of what
-        the stream handed on), else the name being processed when the write ran on the
-        loading thread (a concatenation of buffered halves: attributed to the second)."""
+    def _sources_of(self, loaded: object) -> tuple[list[str], bool]:
+        """The streamed name a write came from: the tensor itself or a view of it, found by
+        the bytes it points into while the streamed tensor is alive (DeepSeek's thread pool writes several
+        pulls later); else, on the loading thread, the name being processed (a tensor the
+        loader made from it). Concatenations written from a thread pool: ``_trace_stacked``."""
         if isinstance(loaded, torch.Tensor):
-            found = self._storage_names.get(_storage(loaded))
-            if found is not None:
-                return found
-        if threading.get_ident() == self._main:
-            return self._current
-        return None
+            address = _address(loaded)
+            for start, end, name in reversed(self._spans):  # recent ones first
+                if start <= address < end and self._streamed[name]() is not None:
+                    return [name], True
+        if threading.get_ident() == self._main and self._current is not None:
+            return [self._current], False
+        return [], False
 
     # -- the answer -------------------------------------------------------------------------
 
@@ -143,13 +171,34 @@ class WriteRecorder:
 
     def skipped_names(self) -> list[str]:
         """Streamed draft names whose tensor reached no parameter's loader."""
-        fed = {n for names in self.fed_by.values() for n in names}
-        return [n for n in self._streamed if n not in fed]
+        return [n for n in self._streamed if n not in self._fed]
+
+    def _trace_stacked(self) -> None:
+        """What bytes cannot trace: sglang's MLA loaders hold ``q_a_proj`` until
+        ``kv_a_proj_with_mqa`` arrives and write the concatenation of the two, a new tensor
+        (DeepSeek's from its thread pool). A name stacked (``naming.DEFAULT_PACKED``, the
+        class's ``packed_modules_mapping``) into a parameter with the same tail (e.g.
+        ``...fused_qkv_a_proj_with_mqa.weight``) that had a write its bytes did not trace,
+        and traced to no other write, fed it."""
+        written = sorted(self._untraced)
+        for name in [n for n in self._streamed if n not in self._fed]:
+            tokens = name.split(".")
+            for i, token in enumerate(tokens):
+                stacked = self._stacked_into.get(token)
+                if stacked is None:
+                    continue
+                tail = ".".join([stacked, *tokens[i + 1 :]])
+                for param in written:
+                    if param == tail or param.endswith(f".{tail}"):
+                        self._fed.add(name)
+                        self.fed_by[param].append(name)
 
 
-def _storage(tensor: torch.Tensor) -> int:
+def _address(tensor: torch.Tensor) -> int:
+    """Where the tensor's first element lives (meta tensors of the dry run: none; each gets a
+    span of its own id, which only its own object can match)."""
     try:
-        return tensor.untyped_storage().data_ptr()
+        return tensor.data_ptr() or id(tensor)
     except Exception:  # noqa: BLE001 - tensor subclasses without storage
         return id(tensor)
 

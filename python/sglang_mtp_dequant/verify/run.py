@@ -9,8 +9,8 @@ What it does, in one process, the way an sglang scheduler does it: resolve the c
 sglang's own loader (offline), publish the server context, ``load_plugins()`` (which finds this
 package through its entry point), build the draft class sglang's ``ModelConfig`` picks for the
 checkpoint's architecture (``is_draft_model=True``), then load it through sglang's
-``DefaultModelLoader`` stream, restricted (with sglang's own ``allow_patterns_overrides``) to the
-files that hold draft tensors:
+``DefaultModelLoader`` stream (only the file holding the draft's tensors when there is one such
+file, with sglang's own ``allow_patterns_overrides``; else every file):
 
 - **stock**: the class's ``load_weights.__wrapped__``, sglang's method with the hook bypassed;
 - **reference**: the same stock method, fed the checkpoint with every weight the plugin would
@@ -146,9 +146,14 @@ def run_verify(
     model = build_draft(model_config)
     ckpt = Checkpoint.open(source, wanted=spec.draft_names(model))
     plan = DequantPlan.build(ckpt)
-    report.files_streamed = sorted({info.file for info in ckpt.tensors.values()})
-    # sglang's own file filter: the loader globs only these (relative) names
-    model.allow_patterns_overrides = [os.path.relpath(f, source.folder) for f in report.files_streamed]
+    draft_files = sorted({info.file for info in ckpt.tensors.values()})
+    if len(draft_files) == 1:
+        # sglang's own file filter: its loader globs this (relative) name only. It stops at the
+        # first pattern that matches, so several files cannot be named one pattern each.
+        model.allow_patterns_overrides = [os.path.relpath(draft_files[0], source.folder)]
+        report.files_streamed = draft_files
+    else:
+        report.files_streamed = list(source.files)
     companions = ckpt.read_many(
         c for entry in plan.to_dequantize.values() for c in entry.companions.values()
     )
@@ -158,30 +163,41 @@ def run_verify(
 
     stock_method = type(model).load_weights.__wrapped__
     say("stock load (load_weights.__wrapped__)")
-    stock, _, report.stock_error = _load(model, spec, stock_method, weights())
+    stock = _load(model, spec, stock_method, weights())
+    report.stock_error = stock.error
     say("reference load (independent dequantization, stock load_weights)")
     unverifiable: set[str] = set()
-    expected, ref_writes, ref_error = _load(
-        model, spec, stock_method, _reference_stream(weights(), plan, companions, model_config.dtype, unverifiable)
-    )
-    if ref_error:
-        report.problems.append(f"the reference load failed: {ref_error}")
-    floats: dict[str, torch.Tensor] = {}
+    decoded = _reference_stream(weights(), plan, companions, model_config.dtype, unverifiable)
+    expected = _load(model, spec, stock_method, decoded)
+    if expected.error:
+        report.problems.append(f"the reference load failed: {expected.error}")
+    floats = None
     if reference is not None:
         say(f"float reference load ({reference})")
-        floats, _, float_error = _load(
-            model, spec, stock_method, _float_stream(weights(), plan, reference, model_config.dtype)
-        )
-        if float_error:
-            report.problems.append(f"the float reference load failed: {float_error}")
+        originals = _float_stream(weights(), plan, reference, model_config.dtype)
+        floats = _load(model, spec, stock_method, originals)
+        if floats.error:
+            report.problems.append(f"the float reference load failed: {floats.error}")
     say("plugin load (hooked load_weights)")
-    _, plugin_writes, report.plugin_error = _load(model, spec, type(model).load_weights, weights())
-    params = {n: p for n, p in model.named_parameters() if not _from_target(n, spec)}
-    for name, param in params.items():
-        report.rows.append(
-            _row(name, param, plan, plugin_writes, ref_writes, stock, expected, floats, unverifiable, report)
-        )
+    report.plugin_error = _load(model, spec, type(model).load_weights, weights()).error
+    for name, param in model.named_parameters():
+        if not _from_target(name, spec):
+            row = _row(name, param.detach(), plan, stock, expected, unverifiable)
+            if report.plugin_error is not None:
+                row.plugin_absmax, row.check, row.why = None, "unchecked", "the plugin refused"
+            if floats is not None:
+                _against_originals(row, param.detach(), stock, floats)
+            report.rows.append(row)
     return report
+
+
+@dataclass
+class Loaded:
+    """One load: a copy of every parameter it wrote, its write record, how it ended."""
+
+    values: dict[str, torch.Tensor]
+    writes: WriteRecorder
+    error: str | None
 
 
 def _from_target(name: str, spec: DraftSpec) -> bool:
@@ -192,21 +208,30 @@ def _bytes(params: Iterable[torch.Tensor]) -> int:
     return sum(p.numel() * p.element_size() for p in params)
 
 
-def _load(
-    model: torch.nn.Module, spec: DraftSpec, method, weights: Weights
-) -> tuple[dict[str, torch.Tensor], WriteRecorder, str | None]:
-    """One load into NaN-filled parameters: a copy of what it wrote, its writes, its error."""
+def _load(model: torch.nn.Module, spec: DraftSpec, method, weights: Weights) -> Loaded:
+    """One load into NaN-filled parameters."""
     for name, param in model.named_parameters():
         if param.is_floating_point() and not _from_target(name, spec):
             param.data.fill_(float("nan"))
     error = None
+    is_draft = spec.draft_names(model)
     with WriteRecorder(model, spec.from_target) as writes:
         try:
-            method(model, weights)
+            method(model, _observed(weights, writes, is_draft))
         except Exception as exc:  # noqa: BLE001 - a load that stops is a finding, reported
             error = f"{type(exc).__name__}: {exc}"
     values = {n: writes.params[n].detach().clone() for n in writes.written_parameters()}
-    return values, writes, error
+    return Loaded(values, writes, error)
+
+
+def _observed(
+    weights: Weights, writes: WriteRecorder, is_draft: Callable[[str], bool]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tell the recorder each draft name as the load pulls it, as the plugin's stream does."""
+    for name, tensor in weights:
+        if is_draft(name):
+            writes.on_streamed(name, tensor)
+        yield name, tensor
 
 
 def _reference_stream(
@@ -253,29 +278,40 @@ def _absmax(t: torch.Tensor) -> float:
     return float(t.detach().float().abs().max()) if t.numel() else 0.0
 
 
-def _row(name, param, plan, plugin_writes, ref_writes, stock, expected, floats, unverifiable, report):
-    sources = plugin_writes.fed_by.get(name) or ref_writes.fed_by.get(name, [])
-    row = ParamRow(name, list(sources))
-    row.quantized = any(s in plan.to_dequantize for s in sources)
-    if name in stock:
-        row.stock_absmax = _absmax(stock[name])
-    if report.plugin_error is not None:
-        row.why = "the plugin load was refused"
-        return row
+def _row(
+    name: str,
+    param: torch.Tensor,
+    plan: DequantPlan,
+    stock: Loaded,
+    expected: Loaded,
+    unverifiable: set[str],
+) -> ParamRow:
+    """``param`` (as the plugin loaded it) against the reference load."""
+    # the reference load hands sglang the very tensors it writes (traced by storage); the
+    # plugin's decoded tensors are made inside its hook, out of a recorder's sight out here
+    sources = expected.writes.fed_by.get(name, [])
+    row = ParamRow(name, list(sources), quantized=any(s in plan.to_dequantize for s in sources))
+    if name in stock.values:
+        row.stock_absmax = _absmax(stock.values[name])
     row.plugin_absmax = _absmax(param)
-    blocked = [s for s in ref_writes.fed_by.get(name, []) if s in unverifiable]
+    blocked = [s for s in sources if s in unverifiable]
     if blocked:
         row.why = f"no independent rule for {blocked[0]}"
-    elif name not in expected:
+    elif name not in expected.values:
         row.why = "the reference load did not write it"
     else:
-        got, want = param.detach(), expected[name]
-        row.max_error = float((got.float() - want.float()).abs().nan_to_num(float("inf")).max())
-        row.check = "exact" if torch.equal(got, want) else "mismatch"
-    if name in floats:
-        wanted = floats[name].float()
-        row.reference_absmax = _absmax(wanted)
-        row.plugin_reference_error = float((param.detach().float() - wanted).abs().max())
-        if name in stock:
-            row.stock_reference_error = float((stock[name].float() - wanted).abs().max())
+        want = expected.values[name]
+        row.max_error = float((param.float() - want.float()).abs().nan_to_num(float("inf")).max())
+        row.check = "exact" if torch.equal(param, want) else "mismatch"
     return row
+
+
+def _against_originals(row: ParamRow, param: torch.Tensor, stock: Loaded, floats: Loaded):
+    """The errors against the original float weights (``--reference``)."""
+    if row.parameter not in floats.values:
+        return
+    wanted = floats.values[row.parameter].float()
+    row.reference_absmax = _absmax(wanted)
+    row.plugin_reference_error = float((param.float() - wanted).abs().max())
+    if row.parameter in stock.values:
+        row.stock_reference_error = float((stock.values[row.parameter].float() - wanted).abs().max())
