@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 DEMO_CKPT := test/fixtures/modelslim/q35_dense_w8a8_dynamic
 DEMO_REF := test/fixtures/reference/q35_dense_w8a8_dynamic.safetensors
 
-.PHONY: venv demo test accept bench lint
+.PHONY: venv demo test accept bench bench-scaling lint
 
 venv: $(STAMP)
 
@@ -31,8 +31,14 @@ accept: $(STAMP)
 	$(VPY) -m pip install -q -c requirements/constraints.txt -r requirements/accept.txt
 	$(VPY) benchmarks/accept_length.py --plot docs/accept_length.png --json .cache/accept/results.json
 
+# decode cost against a plain cast (R), codes decoded per EP=2 rank (F), extra peak memory (M);
+# ends with `dequant_vs_cast_ratio R ep2_rank_decode_fraction F peak_extra_mb M`
 bench: $(STAMP)
 	$(VPY) benchmarks/bench_dequant.py --json .cache/bench/results.json
+
+# plugin vs stock load and doctor time for 64..512 experts in one shard
+bench-scaling: $(STAMP)
+	$(VPY) benchmarks/bench_scaling.py --json .cache/bench/scaling.json
 
 lint: $(STAMP)
 	$(VPY) -m pip install -q ruff

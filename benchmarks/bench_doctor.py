@@ -2,15 +2,16 @@
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_doctor.py [--keep DIR]
+    .venv/bin/python benchmarks/bench_doctor.py [--keep DIR]     # default: a temporary folder
 
 Writes a 27B-shaped msmodelslim W8A8_DYNAMIC checkpoint as *sparse* files (every tensor of
 the real layout with its real shape and dtype: 64 hybrid layers, the vision tower, embedding,
 lm_head and the MTP layer; ~29 GB apparent, a few KB on disk): the headers are real, the
 weight bytes are holes that read as zeros, and the MTP companions (weight_scale, weight_offset)
 hold real values. Then it times the console script end to end (a fresh Python process, as an
-operator runs it) and ``diagnose`` alone. The doctor reads headers and the small companions
-only, so the apparent size must not matter.
+operator runs it) and ``diagnose`` in this process, twice (the first call pays sglang's
+imports). The doctor reads headers and the small companions only (its dry run builds the draft
+on the meta device), so the apparent size must not matter.
 """
 
 from __future__ import annotations
@@ -26,8 +27,37 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe  # noqa: E402
+
 H, INTER, VOCAB = 5120, 17408, 248320
 DTYPE_BYTES = {"I8": 1, "BF16": 2, "F32": 4}
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURE_CONFIG = os.path.join(ROOT, "test/fixtures/modelslim/q35_dense_w8a8_dynamic/config.json")
+
+
+def config_27b() -> dict:
+    """The test fixture's Qwen3.5 config with Qwen3.5-27B's text dimensions (hidden 5120, 24/4
+    heads of 256, MLP 17408, vocab 248320, 64 layers): sglang builds the draft from it."""
+    with open(FIXTURE_CONFIG) as handle:
+        config = json.load(handle)
+    config["text_config"].update(
+        hidden_size=5120,
+        intermediate_size=17408,
+        num_attention_heads=24,
+        num_key_value_heads=4,
+        head_dim=256,
+        vocab_size=248320,
+        num_hidden_layers=64,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 16,
+        linear_num_value_heads=48,
+        linear_num_key_heads=16,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+    )
+    return config
 
 
 def linear(prefix: str, out: int, inp: int, quantized: bool) -> list[tuple[str, str, tuple]]:
@@ -137,8 +167,7 @@ def write_sparse_checkpoint(folder: str, shards: int = 12) -> tuple[list, int]:
     with open(os.path.join(folder, "quant_model_description.json"), "w") as handle:
         json.dump(description, handle)
     with open(os.path.join(folder, "config.json"), "w") as handle:
-        json.dump({"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
-                   "text_config": {"dtype": "bfloat16", "hidden_size": H}}, handle)  # fmt: skip
+        json.dump(config_27b(), handle)
     return tensors, apparent
 
 
@@ -146,26 +175,45 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--keep", help="write the checkpoint here and keep it")
     args = parser.parse_args()
-    folder = args.keep or tempfile.mkdtemp(prefix="doctor-27b-")
-    os.makedirs(folder, exist_ok=True)
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+        run_doctor(args.keep, os.path.join(args.keep, "doctor.log"))
+        return
+    with tempfile.TemporaryDirectory(prefix="doctor-27b-") as folder:
+        run_doctor(folder, os.path.join(folder, "doctor.log"))
+
+
+def run_doctor(folder: str, log: str) -> None:
     tensors, apparent = write_sparse_checkpoint(folder)
     params = sum(int(np.prod(shape)) for _, _, shape in tensors)
     script = os.path.join(os.path.dirname(sys.executable), "sglang-mtp-dequant")
     started = time.perf_counter()
-    run = subprocess.run([script, "doctor", folder, "--json"], capture_output=True, text=True)
+    run = subprocess.run(
+        [script, "doctor", folder, "--json", "--log", log], capture_output=True, text=True
+    )
     wall = time.perf_counter() - started
     report = json.loads(run.stdout)
     from sglang_mtp_dequant.doctor import diagnose
 
     started = time.perf_counter()
-    diagnose(folder)
+    diagnose(folder)  # the first call imports sglang and its model modules
+    first = time.perf_counter() - started
+    started = time.perf_counter()
+    again = diagnose(folder)
     inner = time.perf_counter() - started
+    assert again.verdict == report["verdict"] and again.dry_run == report["dry_run"], again
     print(
         f"checkpoint: {len(tensors)} tensors ({params / 1e9:.1f} B parameters) in 12 shards, "
         f"{apparent / 2**30:.1f} GiB apparent (sparse)"
     )
     print(f"doctor verdict {report['verdict']!r}, counts {report['counts']}, exit {run.returncode}")
-    print(f"console script, fresh process: {wall:.2f} s; diagnose() alone: {inner:.2f} s")
+    unfilled = len(report["unfilled_parameters"])
+    print(f"dry run: {report['dry_run']}; unfilled parameters: {unfilled}")
+    print(describe())
+    print(
+        f"console script, fresh process: {wall:.2f} s; diagnose() in this process: {first:.2f} s "
+        f"the first time (sglang's imports), then {inner:.2f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ Usage::
 The tensors have the exact shapes sglang 0.5.23 builds for the Qwen3.5-27B MTP draft
 (``Qwen3_5ForCausalLMMTP`` on the meta device: fc, qkv_proj, o_proj, gate_up_proj, down_proj
 and the norms; 425 M parameters, the embedding and lm_head excluded because the guard skips
-them). Three cases, each timed with the same ``integer_code_evidence`` the guard runs per
-parameter:
+them). Three cases, each timed with the value checks the guard runs on every written float
+parameter (``guard.inspect_parameters``: the integer, fp4 and float8 grids, NaN rows):
 
 - a float draft (bf16 ``normal(0, 0.02)``): what every healthy start-up pays;
 - the same draft with the five projections holding int8 codes: the refusal path;
@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import time
 
 import torch
 
-from sglang_mtp_dequant.guard import integer_code_evidence
+from sglang_mtp_dequant.guard import inspect_parameters
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import describe  # noqa: E402
 
 # (name, shape) of every parameter the guard inspects in sglang's Qwen3.5-27B MTP draft
 QWEN35_27B_DRAFT = [
@@ -75,15 +79,14 @@ def main() -> None:
     for label, codes in (("float draft", False), ("int8 codes in projections", True)):
         params = build(codes)
         elements = sum(p.numel() for p in params.values())
-        found = [n for n, p in params.items() if integer_code_evidence(p) is not None]
+        found = [f.parameter for f in inspect_parameters(params)]
         assert set(found) == (PROJECTIONS if codes else set()), found
-        guard = timed(lambda params=params: [integer_code_evidence(p) for p in params.values()])
+        guard = timed(lambda params=params: inspect_parameters(params))
         one_pass = timed(lambda params=params: [p.abs().amax() for p in params.values()])
         results.append((label, elements, guard, one_pass, len(found)))
         del params
         gc.collect()
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU, load {load}")
+    print(describe())
     print(f"{'case':<28}{'parameters':>12}{'guard s':>10}{'abs().amax() s':>16}{'flagged':>9}")
     for label, elements, guard, one_pass, flagged in results:
         print(f"{label:<28}{elements:>12,}{guard:>10.3f}{one_pass:>16.3f}{flagged:>9}")

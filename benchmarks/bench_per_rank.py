@@ -1,4 +1,4 @@
-"""What the plugin costs on each rank of a TP/EP deployment.
+"""What the plugin costs on each rank of a TP/EP deployment, on the test fixtures.
 
 Usage::
 
@@ -7,23 +7,24 @@ Usage::
     .venv/bin/python benchmarks/bench_per_rank.py --skip-real-size --skip-activation
     .venv/bin/python benchmarks/bench_per_rank.py --threads 1    # on a shared, loaded machine
 
-Why per rank and not per deployment: sglang hands every rank's ``load_weights`` the whole
-checkpoint stream and its loaders keep the rank's shard afterwards. The plugin works on that
-stream before the sharding, so every rank builds the same plan and decodes every quantized
-draft tensor in full: the cost below is paid once per rank, whatever the TP/EP size
-(test_tensor_parallel.py shows the identical INFO line, e.g. "dequantized 7 tensors ...
-57344 quantized bytes", on both ranks of TP=2).
+sglang hands every rank's ``load_weights`` the whole checkpoint stream and its loaders keep
+the rank's shard afterwards. The plugin works on that stream before the sharding: every rank
+builds the same plan and decodes every quantized dense tensor in full, while under expert
+parallelism it decodes only the experts the rank's FusedMoE keeps (``ownership.py``; how much
+that saves at EP=2 is ``bench_dequant.py``'s F). So the costs below are paid once per rank,
+whatever the TP size.
 
 Measured, medians over ``--reps`` repetitions, in this process:
 
-1. ``plan``: ``Checkpoint.open`` (safetensors headers of every file, the description, the
-   index files) + ``DequantPlan.build`` (reads the small scale/offset tensors) on each fixture;
+1. ``plan``: ``Checkpoint.open`` (safetensors headers of the files sglang resolves, the
+   description, the index files) + ``DequantPlan.build`` (reads the small scale/offset
+   tensors) on each fixture;
 2. ``decode``: ``decompress`` of every planned tensor of the fixture to bf16;
-3. ``load``: sglang's real ``Qwen3_5ForCausalLMMTP.load_weights`` over sglang's own
-   safetensors iterator, stock (``__wrapped__``) and through the hook (plan + decode + stream
-   + the misload guard); ``overhead`` = hook - stock;
+3. ``load``: sglang's real draft ``load_weights`` over ``DefaultModelLoader``'s own weight
+   stream, stock (``__wrapped__``) and through the hook (plan + decode + stream + the misload
+   guard); ``overhead`` = hook - stock;
 4. ``real-size decode`` (unless ``--skip-real-size``): the 7 W8A8_DYNAMIC projections of one
-   Qwen3.5-27B MTP layer (373 M int8 codes, random, per-row scales), decoded one at a time as
+   Qwen3.5-27B MTP layer (372 M int8 codes, random, per-row scales), decoded one at a time as
    the stream does: what each rank of a 27B deployment decodes;
 5. ``activation`` (unless ``--skip-activation``): in a fresh interpreter that already imported
    sglang's scheduler, the extra import the Ray launch guard's hook target costs (``ray`` and
@@ -45,6 +46,10 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from machine import describe  # noqa: E402
+
 FIXTURES = os.path.join(REPO, "test", "fixtures", "modelslim")
 DEFAULT_FIXTURES = ("q35_dense_w8a8_dynamic", "q35moe_w8a8_dynamic")
 
@@ -72,42 +77,40 @@ def median_seconds(fn: Callable[[], object], reps: int) -> float:
 def fixture_costs(name: str, reps: int) -> dict:
     from sglang_mtp_dequant.checkpoint import Checkpoint
     from sglang_mtp_dequant.cpu_sglang import (
-        CpuDraftBuilder,
+        build_draft,
+        draft_model_config,
         publish_context,
-        safetensors_stream,
-        weight_files,
+        sglang_weights,
     )
-    from sglang_mtp_dequant.drafts import mtp_prefix
+    from sglang_mtp_dequant.naming import mtp_prefix
     from sglang_mtp_dequant.plan import DequantPlan
+    from sglang_mtp_dequant.sources import resolve_offline
 
     folder = os.path.join(FIXTURES, name)
     wanted = mtp_prefix(None)
+    source = resolve_offline(folder)
 
     def build_plan() -> DequantPlan:
-        return DequantPlan.build(Checkpoint.open(folder, wanted=wanted))
+        return DequantPlan.build(Checkpoint.open(source, wanted=wanted))
 
     plan = build_plan()
-    codes = {}
-    for entry in plan.to_dequantize.values():
-        ckpt = plan.checkpoint
-        codes[entry.info.name] = ckpt.read(entry.info)
     entries = plan.to_dequantize
+    codes = plan.checkpoint.read_many(entry.info for entry in entries.values())
 
     def decode_all() -> None:
         for tensor_name, q in codes.items():
             entries[tensor_name].decoder.decompress(q, torch.bfloat16)
 
     publish_context(folder)
-    builder = CpuDraftBuilder(folder)
-    files = weight_files(folder)
-    stock_model, hooked_model = builder.build_draft(), builder.build_draft()
+    config = draft_model_config(folder)
+    stock_model, hooked_model = build_draft(config), build_draft(config)
     method = type(stock_model).load_weights
 
     def load(hooked: bool) -> None:
         if hooked:
-            method(hooked_model, safetensors_stream(files))
+            method(hooked_model, sglang_weights(config, hooked_model))
         else:
-            method.__wrapped__(stock_model, safetensors_stream(files))
+            method.__wrapped__(stock_model, sglang_weights(config, stock_model))
 
     logging_off()
     load(False)  # warm the page cache and the imports
@@ -135,9 +138,9 @@ def logging_off() -> None:
 
 
 def real_size_decode(reps: int) -> dict:
-    """Every rank of a 27B deployment decodes these 373 M codes in full."""
+    """Every rank of a 27B deployment decodes these 372 M codes in full."""
     from sglang_mtp_dequant.checkpoint import TensorInfo
-    from sglang_mtp_dequant.schemes import AffineInt8
+    from sglang_mtp_dequant.schemes import scheme_for
 
     gen = torch.Generator().manual_seed(0)
     items = []
@@ -145,7 +148,7 @@ def real_size_decode(reps: int) -> dict:
         q = torch.randint(-128, 128, (rows, cols), dtype=torch.int8, generator=gen)
         scale = torch.rand((rows, 1), generator=gen) * 1e-3 + 1e-4
         info = TensorInfo(f"mtp.layers.0.{proj}.weight", "synthetic", torch.int8, (rows, cols))
-        decoder = AffineInt8().prepare(
+        decoder = scheme_for("W8A8_DYNAMIC").prepare(
             info, {"weight_scale": scale, "weight_offset": torch.zeros_like(scale)}, 0
         )
         items.append((q, decoder))
@@ -205,6 +208,7 @@ def main() -> None:
 
     from sglang_mtp_dequant.cpu_sglang import prepare_cpu_process
 
+    print(describe(), flush=True)
     prepare_cpu_process(os.path.join(FIXTURES, opts.fixtures[0]))
     from sglang.srt.plugins import load_plugins
 
@@ -215,7 +219,7 @@ def main() -> None:
         "load_average_at_start": os.getloadavg()[0],
         "fixtures": [fixture_costs(name, opts.reps) for name in opts.fixtures],
     }
-    print(f"per rank (every rank does all of this), medians of {opts.reps}:")
+    print(f"per rank (every rank does all of this at EP=1), medians of {opts.reps}:")
     print(
         f"{'fixture':28} {'decoded':>7} {'plan ms':>8} {'decode ms':>9} "
         f"{'stock load ms':>13} {'hooked ms':>9} {'overhead ms':>11}"

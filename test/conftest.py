@@ -17,6 +17,9 @@ import tempfile
 
 import pytest
 
+#: fixtures defined beside the checkpoints they load (``draft_case``, ``audits``)
+pytest_plugins = ["draft_cases"]
+
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 MODELSLIM = os.path.join(FIXTURES, "modelslim")
 REFERENCE = os.path.join(FIXTURES, "reference")

@@ -27,9 +27,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import fixture_dir
+from draft_cases import CASES, Layout, expected
 from sglang_mtp_dequant.errors import DraftWeightError
 from sglang_mtp_dequant.guard import MODE_ENV, MisloadedDraftError
-from test_draft_classes import CASES, Layout, audits, draft_case, expected  # noqa: F401
 
 DENSE = "q35_dense_w8a8_dynamic"
 FLOAT = "q35_dense_float_mtp"

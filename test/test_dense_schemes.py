@@ -1,9 +1,10 @@
 """Every dense W8 scheme msmodelslim writes, loaded through sglang's own draft class.
 
 For each fixture: every draft projection equals the fp32 ``(q - offset) * scale`` rounded once
-to the draft's dtype (the one sglang's ``--dtype auto`` picks: bf16, or fp16 for the fixture whose
-config says float32: the per-group and W8A16 ones) bit for bit, lies within the quantization error of the original float weights, and the same load
-without the plugin (stock sglang) holds the raw integer codes.
+to the draft's dtype (the one sglang's ``--dtype auto`` picks: bf16, or fp16 for the fixtures
+whose config says float32: the per-group and W8A16 ones) bit for bit, lies within the
+quantization error of the original float weights, and the same load without the plugin (stock
+sglang) holds the raw integer codes.
 """
 
 from __future__ import annotations
@@ -37,8 +38,12 @@ def test_projections_bit_identical_to_fp32_dequant(load_draft, name):
     for param, parts in DENSE_PROJECTIONS.items():
         got = params[param].detach()
         want = expected_param(folder, param, got.dtype)
-        assert got.dtype == (torch.bfloat16 if config_dtype(folder) == "bfloat16" else torch.float16)
-        assert torch.equal(got, want), f"{name}: {param} differs from the rounded dequant of {parts}"
+        assert got.dtype == (
+            torch.bfloat16 if config_dtype(folder) == "bfloat16" else torch.float16
+        )
+        assert torch.equal(got, want), (
+            f"{name}: {param} differs from the rounded dequant of {parts}"
+        )
 
 
 @pytest.mark.parametrize("name", DENSE_W8)

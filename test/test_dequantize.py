@@ -3,14 +3,18 @@
 Every case compares the bits of ``dequantize`` with a plain whole-tensor fp32 computation
 written here (scale and offset repeated to the tensor's shape, no blocks, no fused
 operations): ``((q.to(fp32) - offset) * scale).to(dtype)``. The cases are the ones where a
-faster body could silently differ: rounding ties (to even), products that are subnormal or
-overflow in fp32 or only in the output dtype, int16 and float8 codes (float8 -0 included),
-offsets that are not integers (the order of subtraction and multiplication shows), several
-groups per row and a ragged last group, bf16 / fp16 / fp32 outputs, an output written in place,
-and tensors that span many of the decoder's row blocks. One case is built so that any other
-rounding (truncation, ties away from zero, or one rounding of the exact product instead of the
-formula's fp32 rounding followed by the output rounding) gives different bits, and the test
-checks that it does.
+faster body could silently differ: rounding ties (to even: truncation and rounding half away
+from zero each get half of them wrong), products that are subnormal or overflow in fp32 or
+only in the output dtype, int16 and float8 codes (float8 -0 included), offsets that are not
+integers (the order of subtraction and multiplication shows), several groups per row and a
+ragged last group, bf16 / fp16 / fp32 outputs, an output written in place, and tensors that
+span many of the decoder's row blocks at 1-3 torch threads. One case is built so that
+rounding the exact product once, or taking the product in the output dtype, gives different
+bits from the formula's (fp32 rounding, then the output rounding), and the test checks that
+it does.
+
+int8/uint8 codes without offsets into bf16/fp16 (W8A8_DYNAMIC) and everything else (offsets,
+int16 and float8 codes, fp32 output written straight into the output rows) are all covered.
 """
 
 from __future__ import annotations
@@ -78,7 +82,7 @@ def no_flush_to_zero():
 
 
 @pytest.mark.parametrize("dtype", OUT_DTYPES)
-@pytest.mark.parametrize("codes_dtype", (torch.int8, torch.int16))
+@pytest.mark.parametrize("codes_dtype", (torch.int8, torch.uint8, torch.int16))
 @pytest.mark.parametrize("groups", (1, 4))
 @pytest.mark.parametrize("with_offset", (False, True))
 def test_integer_codes(gen, dtype, codes_dtype, groups, with_offset):
@@ -94,15 +98,22 @@ def test_integer_codes(gen, dtype, codes_dtype, groups, with_offset):
 
 @pytest.mark.parametrize("dtype", OUT_DTYPES)
 def test_many_row_blocks_and_uneven_rows(gen, dtype):
-    """Far more elements than one row block of the decoder, a row count no block size of a
-    power of two divides, per-row scales and offsets (each block must use its own rows')."""
-    rows, cols = 2999, 640
+    """Far more elements than one row block of the decoder (at any thread count), a row count
+    no block size of a power of two divides, per-row scales and offsets (each block must use
+    its own rows')."""
+    rows, cols = 2999, 1500
     q = int_codes(gen, (rows, cols), torch.int8)
     scale = random_scale(gen, rows, 1)
     offset = torch.randn((rows, 1), generator=gen).to(F32)
-    for off in (None, offset):
-        got = dequantize(q, scale, off, cols, dtype)
-        assert_bits_equal(got, reference(q, scale, off, cols, dtype))
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 3):  # the decoder's blocks scale with torch's thread count
+            torch.set_num_threads(count)
+            for off in (None, offset):
+                got = dequantize(q, scale, off, cols, dtype)
+                assert_bits_equal(got, reference(q, scale, off, cols, dtype))
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("dtype", OUT_DTYPES)
@@ -247,13 +258,14 @@ def test_overflowing_products(gen, dtype):
 
 
 @pytest.mark.parametrize("dtype", OUT_DTYPES)
-def test_output_written_in_place(gen, dtype):
+@pytest.mark.parametrize("with_offset", (False, True))
+def test_output_written_in_place(gen, dtype, with_offset):
     """``out`` is a view into a larger tensor (as the fused-experts path passes): it is the
     return value, it holds the formula's bits, and nothing around it is touched."""
     rows, cols = 200, 384
     q = int_codes(gen, (rows, cols), torch.int8)
     scale = random_scale(gen, rows, 3)
-    offset = torch.randn((rows, 3), generator=gen).to(F32)
+    offset = torch.randn((rows, 3), generator=gen).to(F32) if with_offset else None
     whole = torch.full((3, rows, cols), float("nan"), dtype=dtype)
     target = whole[1]
     got = dequantize(q, scale, offset, cols // 3, dtype, out=target)
@@ -276,7 +288,9 @@ def test_decoder_only_some_experts(gen):
     experts, out, cols = 6, 96, 160
     q = int_codes(gen, (experts, out, cols), torch.int8)
     scale = random_scale(gen, experts * out, 1)
-    decoder = AffineDecoder("mtp.experts.gate_up_proj", "f.safetensors", tuple(q.shape), scale, None)
+    decoder = AffineDecoder(
+        "mtp.experts.gate_up_proj", "f.safetensors", tuple(q.shape), scale, None
+    )
     got = decoder.decompress(q, torch.bfloat16, only=[1, 4])
     want = reference(q.reshape(-1, cols), scale, None, cols, torch.bfloat16).view(q.shape)
     for e in range(experts):

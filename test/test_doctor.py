@@ -185,7 +185,9 @@ def test_human_output_is_a_table_with_the_verdict_last(capsys, sglang_log):
     captured = capsys.readouterr()
     out = captured.out.splitlines()
     assert code == 0
-    assert out[1] == f"  resolved: {folder} (sglang {sglang_version()} DefaultModelLoader (offline))"
+    assert (
+        out[1] == f"  resolved: {folder} (sglang {sglang_version()} DefaultModelLoader (offline))"
+    )
     assert captured.err.strip() == f"(sglang's own output: {sglang_log})"
     assert out[-1] == "verdict: ok - the plugin loads this draft as correct float weights"
     header = next(line for line in out if line.startswith("name "))

@@ -228,9 +228,7 @@ def test_block_fp8_several_blocks_per_dim_with_ragged_last_block(load_draft, tmp
 
 def test_block_fp8_moe_draft_experts_dequantize_bit_exact(load_draft, tmp_path):
     """The MoE draft from its float reference weights: per-expert float8 + weight_scale_inv."""
-    folder, codes = fp8_from_fixture(
-        str(tmp_path / "moe"), MOE, block_quantize, "weight_scale_inv"
-    )
+    folder, codes = fp8_from_fixture(str(tmp_path / "moe"), MOE, block_quantize, "weight_scale_inv")
     model = load_draft(folder)
     assert_loaded(model, codes, MOE_PARAMS, block_dequantize)
     loaded = dict(model.named_parameters())
@@ -262,9 +260,7 @@ def test_stock_sglang_loads_the_raw_float8_values(load_draft, tmp_path):
 
 @pytest.mark.parametrize("missing", ("mtp.layers.0.self_attn.k_proj.weight", "mtp.fc.weight"))
 def test_float8_weight_without_its_scale_is_refused_naming_it(load_draft, tmp_path, missing):
-    folder, _ = fp8_from_fixture(
-        str(tmp_path / "fp8"), FLOAT, block_quantize, "weight_scale_inv"
-    )
+    folder, _ = fp8_from_fixture(str(tmp_path / "fp8"), FLOAT, block_quantize, "weight_scale_inv")
     path = os.path.join(folder, "model.safetensors")
     tensors = load_file(path)
     del tensors[missing.replace(".weight", ".weight_scale_inv")]
@@ -278,9 +274,7 @@ def test_float8_weight_without_its_scale_is_refused_naming_it(load_draft, tmp_pa
 
 def test_block_scale_of_the_wrong_shape_is_refused(load_draft, tmp_path):
     """A scale that fits no block size (3 row blocks for 64 rows) is never broadcast."""
-    folder, _ = fp8_from_fixture(
-        str(tmp_path / "fp8"), FLOAT, block_quantize, "weight_scale_inv"
-    )
+    folder, _ = fp8_from_fixture(str(tmp_path / "fp8"), FLOAT, block_quantize, "weight_scale_inv")
     path = os.path.join(folder, "model.safetensors")
     tensors = load_file(path)
     name = "mtp.layers.0.self_attn.k_proj.weight_scale_inv"
@@ -329,9 +323,7 @@ def test_doctor_plans_fp8_and_sees_every_parameter_filled(tmp_path, kind, scheme
 def test_doctor_refuses_the_float8_weight_without_scale(tmp_path):
     from sglang_mtp_dequant.doctor import diagnose
 
-    folder, _ = fp8_from_fixture(
-        str(tmp_path / "fp8"), FLOAT, block_quantize, "weight_scale_inv"
-    )
+    folder, _ = fp8_from_fixture(str(tmp_path / "fp8"), FLOAT, block_quantize, "weight_scale_inv")
     path = os.path.join(folder, "model.safetensors")
     tensors = load_file(path)
     del tensors["mtp.layers.0.mlp.up_proj.weight_scale_inv"]
@@ -341,4 +333,3 @@ def test_doctor_refuses_the_float8_weight_without_scale(tmp_path):
     assert [t.name for t in report.tensors if t.action == "error"] == [
         "mtp.layers.0.mlp.up_proj.weight"
     ]
-

@@ -594,4 +594,3 @@ def test_guard_log_level_is_untouched_by_a_clean_load(load_draft, caplog):
     caplog.set_level(logging.DEBUG, logger="sglang_mtp_dequant")
     load_draft(fixture_dir("q35_dense_float_mtp"))
     assert not [r for r in caplog.records if r.name == "sglang_mtp_dequant"]
-

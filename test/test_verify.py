@@ -1,4 +1,4 @@
-"""``sglang-mtp-dequant verify``: sglang's real draft, loaded stock, by reference, and with the plugin.
+"""``sglang-mtp-dequant verify``: sglang's real draft, loaded stock, by reference and by the plugin.
 
 Runs in the test process (sglang is imported once per session): ``run_verify`` does what the
 console script does, ``load_plugins()`` included. What it reports is checked against the test

@@ -4,8 +4,9 @@ Each load: sglang's draft ``ModelConfig`` for the folder picks and builds
 ``Qwen3_5ForCausalLMMTP`` (bf16, CPU), sglang's own ``DefaultModelLoader`` resolves and streams
 the folder's weights, and ``load_weights`` runs either hooked (the plugin, installed through
 sglang's ``load_plugins()`` from this package's entry point, its completeness audit and guard
-included) or unhooked (``__wrapped__``: stock sglang). The loaded parameters are then mapped back onto ``model.MtpHead`` (q/k/v and
-gate/up are fused in sglang) so the simulation runs exactly what sglang loaded.
+included) or unhooked (``__wrapped__``: stock sglang). The loaded parameters are then mapped
+back onto ``model.MtpHead`` (q/k/v and gate/up are fused in sglang) so the simulation runs
+exactly what sglang loaded.
 """
 
 from __future__ import annotations

@@ -104,7 +104,9 @@ class Checkpoint:
     format_version: str | None = None
 
     @classmethod
-    def open(cls, source: WeightSource, wanted: Callable[[str], bool] = lambda name: True) -> Checkpoint:
+    def open(
+        cls, source: WeightSource, wanted: Callable[[str], bool] = lambda name: True
+    ) -> Checkpoint:
         """Read the description, the index files and the headers of ``source``'s files.
 
         Only tensors whose name satisfies ``wanted`` are recorded (the draft's, usually).

@@ -1,4 +1,4 @@
-"""What this process knows: the sglang version, the hooks in place, where the draft's weights came from.
+"""What this process knows: the sglang version, its hooks, where the draft's weights came from.
 
 Usage::
 

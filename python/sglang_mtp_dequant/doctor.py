@@ -189,8 +189,14 @@ def diagnose(
             f"(e.g. {described_float[0]}): passed to sglang as they are; the misload guard "
             "checks their values when sglang loads them (codes stored as floats are refused)"
         )
-    if spec is not None and dry_run and report.tensors and not plan.errors:
-        _dry_run(report, source, ckpt, plan, spec)
+    if spec is not None and dry_run and report.tensors:
+        if plan.errors:
+            report.notes.append(
+                "no dry run of the draft class: the plugin refuses the tensors above before "
+                "sglang's loaders would see any; run the doctor again once they are fixed"
+            )
+        else:
+            _dry_run(report, source, ckpt, plan, spec)
     return report
 
 
@@ -239,10 +245,10 @@ def _draft_spec(report: Diagnosis, config: CheckpointConfig | None) -> DraftSpec
     return spec
 
 
-STOCK_SILENT = "copies the raw integer codes into a float parameter: silent misload"
+STOCK_SILENT = "copies the raw codes into a float parameter: silent misload"
 STOCK_LOUD = "fails sglang's shape check (packed int4 codes): the load stops"
 STOCK_UNKNOWN = (
-    "copies the raw integer codes into a float parameter (silent misload), or fails "
+    "copies the raw codes into a float parameter (silent misload), or fails "
     "sglang's shape check if they are packed"
 )
 

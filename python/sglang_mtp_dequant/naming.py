@@ -190,9 +190,7 @@ class NameIndex:
     so it works for any draft class without hooking its loaders.
     """
 
-    def __init__(
-        self, names: Iterable[str], packed: Mapping[str, list[str]] | None = None
-    ) -> None:
+    def __init__(self, names: Iterable[str], packed: Mapping[str, list[str]] | None = None) -> None:
         self.packed = dict(packed or DEFAULT_PACKED)
         self.by_tokens: dict[tuple[str, ...], list[str]] = {}
         for name in names:

@@ -149,7 +149,10 @@ class DequantPlan:
     def _prepare(self, pending: list[tuple[PlannedTensor, Scheme]]) -> None:
         """Read every pending weight's companions in one pass per file, build the decoders."""
         wanted = [
-            c for entry, s in pending for suffix, c in entry.companions.items() if suffix in s.companions
+            c
+            for entry, s in pending
+            for suffix, c in entry.companions.items()
+            if suffix in s.companions
         ]
         try:
             values = self.checkpoint.read_many(wanted)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import pkgutil
 import time
 from collections.abc import Callable
 from typing import Any

@@ -30,7 +30,7 @@ sglang passes none). So:
   initialized without it, refuses the launch with what to do.
 
 Cost: when Ray is installed, resolving the guard's target imports ``ray`` and
-``sglang.srt.ray.engine`` in every process that loads plugins (0.3-1.0 s measured,
+``sglang.srt.ray.engine`` in every process that loads plugins (measured in docs/deployment.md,
 ``benchmarks/bench_per_rank.py``); each Ray worker of a job with the hook imports sglang's
 draft module once when it starts.
 """

@@ -160,9 +160,7 @@ def resolve_offline(
             ),
         ) from exc
     if use_safetensors:
-        files = maybe_add_mtp_safetensors(
-            list(files), folder, SGLANG_INDEX, _hf_config_of(folder)
-        )
+        files = maybe_add_mtp_safetensors(list(files), folder, SGLANG_INDEX, _hf_config_of(folder))
     return WeightSource(path, folder, tuple(files), f"{_resolver_name()} (offline)")
 
 
@@ -206,8 +204,10 @@ def _folder_without_sglang(path: str, why: ImportError) -> WeightSource:
     if not os.path.isdir(path):
         raise CheckpointFormatError(
             file=path,
-            problem=f"is not a folder, and sglang is not importable here to resolve a hub id ({why})",
+            problem=f"is not a folder, and sglang is not importable to resolve a hub id ({why})",
             hint="pass the local checkpoint (or snapshot) folder, or run where sglang is installed",
         )
     files = tuple(sorted(glob.glob(os.path.join(path, "*.safetensors"))))
-    return WeightSource(path, path, files, "every *.safetensors of the folder (sglang not importable)")
+    return WeightSource(
+        path, path, files, "every *.safetensors of the folder (sglang not importable)"
+    )

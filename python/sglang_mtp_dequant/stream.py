@@ -93,15 +93,16 @@ class DequantizingStream:
         entries = self.plan.to_dequantize if self.plan is not None else {}
         consumed = self.plan.consumed if self.plan is not None else set()
         for name, tensor in itertools.chain((first,), iterator):
-            if self.is_draft(name):
+            draft = self.is_draft(name)
+            if draft:
                 self.streamed[name] = tensor.dtype
             entry = entries.get(name)
             if entry is not None:
-                yield self._hand_on(name, self._decode(name, tensor, entry))
+                yield self._hand_on(name, self._decode(name, tensor, entry), draft)
             elif name in consumed:
                 self.stats.companions_consumed += 1
             else:
-                if self._is_unplanned_code(name, tensor):
+                if draft and _is_code_weight(name, tensor):
                     raise DraftWeightError(
                         tensor=name,
                         file=None,
@@ -112,10 +113,10 @@ class DequantizingStream:
                         hint=self.missing_plan_hint
                         or "serve the draft quantized, or load it from a local checkpoint folder",
                     )
-                yield self._hand_on(name, tensor)
+                yield self._hand_on(name, tensor, draft)
 
-    def _hand_on(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
-        if self.observer is not None and self.is_draft(name):
+    def _hand_on(self, name: str, tensor: torch.Tensor, draft: bool) -> tuple[str, torch.Tensor]:
+        if draft and self.observer is not None:
             self.observer(name, tensor)
         return name, tensor
 
@@ -151,10 +152,12 @@ class DequantizingStream:
         self.stats.decoded_codes += total if only is None else total // decoded.shape[0] * len(only)
         return decoded
 
-    def _is_unplanned_code(self, name: str, tensor: torch.Tensor) -> bool:
-        codes = not tensor.is_floating_point() or tensor.dtype in FLOAT8_DTYPES
-        if not codes or tensor.dtype == torch.bool or not self.is_draft(name):
-            return False
-        # integer companions (quant_bias, int64 deq_scale, ...) of float weights are left to
-        # sglang as stock would; a weight itself must never arrive as codes
-        return name.endswith("weight") or name.endswith("_proj")
+
+def _is_code_weight(name: str, tensor: torch.Tensor) -> bool:
+    """A weight (not a companion) streaming as integer or float8 codes. Integer companions of
+    float weights (quant_bias, an int64 deq_scale, ...) are left to sglang as stock would; a
+    weight itself must never arrive as codes."""
+    codes = not tensor.is_floating_point() or tensor.dtype in FLOAT8_DTYPES
+    if not codes or tensor.dtype == torch.bool:
+        return False
+    return name.endswith("weight") or name.endswith("_proj")

@@ -121,10 +121,15 @@ def integer_code_evidence(tensor: torch.Tensor) -> CodeEvidence | None:
 
 def nonfinite_rows(tensor: torch.Tensor) -> int:
     """How many rows hold NaN or inf: never in a trained weight, always in an unwritten slot
-    that the plugin filled with NaN (experts another rank keeps)."""
+    that the plugin filled with NaN (experts another rank keeps). One sum finds out whether
+    there is any (NaN and inf survive a sum; a float weight never sums past the dtype's range),
+    so a healthy parameter costs one read, not a boolean copy of itself."""
     if not tensor.is_floating_point() or tensor.numel() == 0:
         return 0
-    flat = tensor.detach().reshape(-1, tensor.shape[-1]) if tensor.dim() else tensor.reshape(1, 1)
+    flat = tensor.detach()
+    if bool(torch.isfinite(flat.sum())):
+        return 0
+    flat = flat.reshape(1, -1) if flat.dim() < 2 else flat.reshape(-1, flat.shape[-1])
     return int((~torch.isfinite(flat)).any(dim=-1).sum())
 
 

@@ -107,8 +107,8 @@ class WriteRecorder:
         with self._lock:
             self._current = name
             self._streamed[name] = weakref.ref(tensor)
-            start = _address(tensor)
-            self._spans.append((start, start + tensor.numel() * tensor.element_size(), name))
+            start, length = _span(tensor)
+            self._spans.append((start, start + length, name))
 
     def _recording(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         module = getattr(original, "__self__", None)
@@ -134,12 +134,13 @@ class WriteRecorder:
         return recording_weight_loader
 
     def _sources_of(self, loaded: object) -> tuple[list[str], bool]:
-        """The streamed name a write came from: the tensor itself or a view of it, found by
-        the bytes it points into while the streamed tensor is alive (DeepSeek's thread pool writes several
-        pulls later); else, on the loading thread, the name being processed (a tensor the
-        loader made from it). Concatenations written from a thread pool: ``_trace_stacked``."""
+        """The streamed names a write came from, and whether its bytes told: the tensor itself
+        or a view of it, found by the bytes it points into while the streamed tensor is alive
+        (DeepSeek's thread pool writes several pulls later); else, on the loading thread, the
+        name being processed (a tensor the loader made from it). The other parts of a
+        concatenation: ``_trace_stacked``."""
         if isinstance(loaded, torch.Tensor):
-            address = _address(loaded)
+            address = _span(loaded)[0]
             for start, end, name in reversed(self._spans):  # recent ones first
                 if start <= address < end and self._streamed[name]() is not None:
                     return [name], True
@@ -194,13 +195,16 @@ class WriteRecorder:
                         self.fed_by[param].append(name)
 
 
-def _address(tensor: torch.Tensor) -> int:
-    """Where the tensor's first element lives (meta tensors of the dry run: none; each gets a
-    span of its own id, which only its own object can match)."""
+def _span(tensor: torch.Tensor) -> tuple[int, int]:
+    """(first byte, length) of a tensor's elements. A tensor without memory (the doctor's dry
+    run on the meta device) gets a one-byte span at its own id: only it can match."""
     try:
-        return tensor.data_ptr() or id(tensor)
+        start = tensor.data_ptr()
     except Exception:  # noqa: BLE001 - tensor subclasses without storage
-        return id(tensor)
+        start = 0
+    if not start:
+        return id(tensor), 1
+    return start, max(1, tensor.numel() * tensor.element_size())
 
 
 def _arg(args: tuple, kwargs: dict, index: int, *names: str) -> Any:
@@ -239,7 +243,9 @@ def _expected_parts(module: Any, name: str) -> set[tuple] | None:
     its weight_loader); None: one write is complete."""
     if module is not None and callable(getattr(module, _MAP, None)):
         last = name.rpartition(".")[2]
-        shards = ("w1", "w3") if last.startswith("w13") else ("w2",) if last.startswith("w2") else None
+        shards = (
+            ("w1", "w3") if last.startswith("w13") else ("w2",) if last.startswith("w2") else None
+        )
         if shards is None:
             return None
         count = int(getattr(module, "num_local_experts", 0))

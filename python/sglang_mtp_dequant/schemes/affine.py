@@ -21,9 +21,11 @@ import torch
 
 from ..errors import DraftWeightError
 
-# Rows are decoded in blocks of about this many elements: the fp32 buffer (1 MiB) stays in
-# cache whatever the tensor size. Chosen by measurement (benchmarks/bench_dequant.py,
-# docs/results.md): smaller blocks pay per-operation overhead, larger ones miss the cache.
+# Rows are decoded through an fp32 buffer of about this many elements (1 MiB), reused for
+# every block of rows, which stays in cache through the three passes: smaller blocks pay
+# per-operation overhead, larger ones fall out of the cache (and a 2 MiB buffer next to a
+# 2 MiB output is unmapped and mapped again by glibc on every call, page faults included).
+# Measured: benchmarks/bench_dequant.py --variants, docs/results.md.
 BLOCK_ELEMENTS = 1 << 18
 
 
@@ -45,28 +47,41 @@ def dequantize(
     :param out: where to write (rows, in) of ``dtype``; allocated when None
     :return: ``out``
 
-    Eager torch in blocks of rows: codes -> fp32 (exact), ``- offset``, ``* scale`` (single
-    IEEE fp32 operations), then one rounding to ``dtype``. An fp32 draft is decoded straight
-    into its output rows.
+    Eager torch, three passes over each block of rows in one reused fp32 buffer: codes -> fp32
+    (exact), ``- offset`` and ``* scale`` (single IEEE fp32 operations), then one rounding to
+    ``dtype`` into the output rows; an fp32 draft is decoded straight into its output rows.
+    Nothing measured faster is as plain: an operation mixing dtypes (``torch.mul(int8, fp32,
+    out=bf16)``) converts its operands into whole temporaries first, any product taken in
+    bf16/fp16 rounds the scale, and a two-pass body (cast into the output, then scale it in
+    place in fp32 through torch's eval-mode batch-norm kernel) measured a tie while relying on
+    that kernel accepting its input as its output (docs/results.md).
+
+    ``test/test_dequantize.py`` checks it against the whole-tensor fp32 formula.
     """
     rows, in_features = codes.shape
     if out is None:
         out = torch.empty((rows, in_features), dtype=dtype)
+    if rows == 0:
+        return out
     groups = scale.shape[1]
     full = min(groups, in_features // group_width) if group_width else 0
-    block = max(1, BLOCK_ELEMENTS // max(1, in_features))
+    step = max(1, BLOCK_ELEMENTS // max(1, in_features))
     direct = dtype == torch.float32
-    # one fp32 buffer for every block: no allocation (and no page faults) inside the loop
-    # (fp32 named explicitly: sglang loads under set_default_torch_dtype(bf16))
-    buffer = torch.empty((0 if direct else min(block, rows), in_features), dtype=torch.float32)
-    for r0 in range(0, rows, block):
-        r1 = min(rows, r0 + block)
-        work = out[r0:r1] if direct else buffer[: r1 - r0]
+    # one fp32 buffer for every block: no allocation (and no page faults) inside the loop; the
+    # same size for every tensor, so the C allocator hands the same memory back each time
+    buffer = None
+    if not direct:
+        flat = torch.empty(max(BLOCK_ELEMENTS, in_features), dtype=torch.float32)
+        buffer = flat[: min(step, rows) * in_features].view(-1, in_features)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        target = out[r0:r1]
+        work = target if direct else (buffer if r1 - r0 == len(buffer) else buffer[: r1 - r0])
         work.copy_(codes[r0:r1])
         shift = None if offset is None else offset[r0:r1]
         _affine_in_place(work, scale[r0:r1], shift, full, group_width)
         if not direct:
-            out[r0:r1].copy_(work)  # the one rounding, to the draft's dtype
+            target.copy_(work)  # the one rounding, to the draft's dtype
     return out
 
 
@@ -80,12 +95,18 @@ def _affine_in_place(
     """``work = (work - offset) * scale`` for fp32 rows; ``full`` whole groups of ``width``
     columns, then a shorter last group if the row is longer."""
     rows = work.shape[0]
+    groups = scale.shape[1]
+    if groups == 1 and full * width == work.shape[1]:  # per channel: a plain row broadcast
+        if offset is not None:
+            work.sub_(offset)
+        work.mul_(scale)
+        return
     if full:
         grouped = work[:, : full * width].view(rows, full, width)
         if offset is not None:
             grouped.sub_(offset[:, :full, None])
         grouped.mul_(scale[:, :full, None])
-    if full < scale.shape[1]:  # the ragged last group
+    if full < groups:  # the ragged last group
         tail = work[:, full * width :]
         if offset is not None:
             tail.sub_(offset[:, full:])

@@ -121,8 +121,9 @@ def _float8(q: torch.Tensor, companion: Mapping[str, torch.Tensor]) -> torch.Ten
     rows, cols = q.shape
     block_scale = companion.get("weight_scale_inv")
     if block_scale is not None and block_scale.dim() == 2:
-        br, bc = _power_of_two_block(rows, block_scale.shape[0]), _power_of_two_block(
-            cols, block_scale.shape[1]
+        br, bc = (
+            _power_of_two_block(rows, block_scale.shape[0]),
+            _power_of_two_block(cols, block_scale.shape[1]),
         )
         if br is None or bc is None:
             return None

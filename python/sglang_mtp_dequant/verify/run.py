@@ -3,7 +3,7 @@
 Usage::
 
     report = run_verify("/ckpt")                      # or a cached hub id, download_dir=...
-    report = run_verify("acme/q35-w8a8", download_dir="/data/hub", reference="mtp_float.safetensors")
+    report = run_verify("acme/q35-w8a8", download_dir="/data/hub", reference="mtp.safetensors")
 
 What it does, in one process, the way an sglang scheduler does it: resolve the checkpoint with
 sglang's own loader (offline), publish the server context, ``load_plugins()`` (which finds this
@@ -314,4 +314,6 @@ def _against_originals(row: ParamRow, param: torch.Tensor, stock: Loaded, floats
     row.reference_absmax = _absmax(wanted)
     row.plugin_reference_error = float((param.float() - wanted).abs().max())
     if row.parameter in stock.values:
-        row.stock_reference_error = float((stock.values[row.parameter].float() - wanted).abs().max())
+        row.stock_reference_error = float(
+            (stock.values[row.parameter].float() - wanted).abs().max()
+        )

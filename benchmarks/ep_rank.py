@@ -1,0 +1,162 @@
+"""One rank of a draft load under expert parallelism, in its own process (for ``bench_dequant.py``).
+
+Usage (the parent starts one process per rank, all with the same port)::
+
+    python benchmarks/ep_rank.py --folder CKPT --rank 0 --world 2 --ep 2 --port 29513 --out r0.json
+    python benchmarks/ep_rank.py --folder CKPT --rank 1 --world 2 --ep 2 --port 29513 --out r1.json
+    python benchmarks/ep_rank.py --folder CKPT --rank 0 --world 1 --ep 1 --port 29514 --out ws1.json
+
+Each process is what one of sglang's scheduler processes is for the draft (the same steps as
+``test/tp_worker.py``): sglang's ``load_plugins()`` hooks the draft class, the rank publishes its
+ServerArgs (``tp_size=world``, ``ep_size=ep``) and joins sglang's own gloo process groups
+(``init_distributed_environment`` / ``initialize_model_parallel``), builds sglang's real
+``Qwen3_5ForCausalLMMTP`` from the checkpoint's config and loads it through sglang's
+``DefaultModelLoader`` stream and the plugin's hook. Nothing is mocked; the only instrument is
+a subclass of ``DequantizingStream`` that keeps a reference to the stream the hook creates, so
+its ``stats`` (codes decoded, expert tensors passed on undecoded) can be written out.
+
+The JSON written to ``--out``: the ranks sglang computed, the load's wall time, the stream's
+statistics, and a digest of every expert this rank's FusedMoE holds (by global expert id, from
+the layer's own mapping), so the parent can check each rank's experts against the
+world-size-1 load bit for bit.
+
+The process ends with ``os._exit`` (a gloo group's destructor can wait for a peer that
+already left) and a watchdog ends it if the rendezvous or the load stalls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+import warnings
+
+
+def run(args: argparse.Namespace) -> dict:
+    import torch
+
+    from sglang_mtp_dequant.cpu_sglang import (
+        build_draft,
+        draft_model_config,
+        ensure_torchvision_importable,
+    )
+
+    ensure_torchvision_importable()  # CPU-only environment shim (see cpu_sglang.py)
+    import sglang.srt.plugins as sglang_plugins
+
+    sglang_plugins.load_plugins()  # what run_scheduler_process does first
+
+    import sglang_mtp_dequant.plugin as plugin
+
+    streams = []
+
+    class RecordedStream(plugin.DequantizingStream):
+        def __init__(self, *a, **kw) -> None:
+            super().__init__(*a, **kw)
+            streams.append(self)
+
+    plugin.DequantizingStream = RecordedStream  # the hook looks the class up at call time
+
+    from sglang.srt.distributed import parallel_state
+    from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish
+    from sglang.srt.server_args import ServerArgs
+
+    server_args = ServerArgs(
+        model_path=args.folder,
+        device="cpu",
+        tp_size=args.world,
+        ep_size=args.ep,
+        mamba_radix_cache_strategy="no_buffer",
+        disable_overlap_schedule=True,
+    )
+    publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=args.rank))
+    parallel_state.set_custom_all_reduce(False)  # a CUDA-only feature
+    parallel_state.init_distributed_environment(
+        world_size=args.world,
+        rank=args.rank,
+        local_rank=args.rank,
+        backend="gloo",
+        distributed_init_method=f"tcp://127.0.0.1:{args.port}",
+    )
+    parallel_state.initialize_model_parallel(backend="gloo")
+    par = get_parallel()
+
+    from sglang_mtp_dequant.cpu_sglang import sglang_weights
+
+    config = draft_model_config(args.folder)
+    model = build_draft(config)
+    started = time.perf_counter()
+    type(model).load_weights(model, sglang_weights(config, model))
+    load_s = time.perf_counter() - started
+    assert len(streams) == 1, f"the hook made {len(streams)} streams"
+    stats = streams[0].stats
+
+    digests: dict[str, dict[int, str]] = {}
+    for name, module in model.named_modules():
+        mapping = getattr(module, "_map_global_expert_id_to_local_expert_id", None)
+        if not callable(mapping) or not hasattr(module, "w13_weight"):
+            continue
+        for param_name in ("w13_weight", "w2_weight"):
+            param = getattr(module, param_name).detach()
+            kept = {}
+            for expert in range(module.num_experts):
+                local = mapping(expert)
+                if local == -1:
+                    continue
+                raw = param[local].contiguous().view(torch.int16).numpy().tobytes()
+                kept[expert] = hashlib.blake2b(raw, digest_size=16).hexdigest()
+            digests[f"{name}.{param_name}"] = kept
+    return {
+        "rank": args.rank,
+        "world": args.world,
+        "ranks": {"moe_ep_rank": par.moe_ep_rank, "moe_ep_size": par.moe_ep_size},
+        "load_weights_s": load_s,
+        "torch_threads": torch.get_num_threads(),
+        "stats": {
+            "dequantized": stats.dequantized,
+            "decoded_codes": stats.decoded_codes,
+            "left_to_other_ranks": stats.left_to_other_ranks,
+            "quantized_bytes": stats.quantized_bytes,
+            "decode_s": stats.seconds,
+        },
+        "digests": digests,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--folder", required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world", type=int, required=True)
+    parser.add_argument("--ep", type=int, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--watchdog", type=float, default=540.0)
+    args = parser.parse_args()
+    faulthandler.dump_traceback_later(args.watchdog, exit=True)
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    code = 0
+    try:
+        result = run(args)
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(result, handle)
+    except BaseException:  # report, then exit nonzero: the parent reads stderr
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TQDM_DISABLE", "1")  # sglang's per-shard progress bar
+    main()
