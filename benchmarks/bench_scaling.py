@@ -73,16 +73,9 @@ def quiet_stderr():
 
 def load_once(folder: str, plugin: bool) -> float:
     """One ``load_weights`` of a freshly built draft; seconds of the load alone."""
-    from sglang_mtp_dequant.cpu_sglang import (
-        build_draft,
-        draft_model_config,
-        publish_context,
-        sglang_weights,
-    )
+    from sglang_mtp_dequant.cpu_sglang import new_draft, sglang_weights
 
-    publish_context(folder)
-    config = draft_model_config(folder)
-    model = build_draft(config)
+    config, model = new_draft(folder)
     method = type(model).load_weights
     if not plugin:
         method = method.__wrapped__

@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> dict:
         build_draft,
         draft_model_config,
         ensure_torchvision_importable,
+        join_parallel_world,
     )
 
     ensure_torchvision_importable()  # CPU-only environment shim (see cpu_sglang.py)
@@ -62,28 +63,11 @@ def run(args: argparse.Namespace) -> dict:
 
     plugin.DequantizingStream = RecordedStream  # the hook looks the class up at call time
 
-    from sglang.srt.distributed import parallel_state
-    from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish
-    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.runtime_context import get_parallel
 
-    server_args = ServerArgs(
-        model_path=args.folder,
-        device="cpu",
-        tp_size=args.world,
-        ep_size=args.ep,
-        mamba_radix_cache_strategy="no_buffer",
-        disable_overlap_schedule=True,
+    join_parallel_world(
+        args.folder, world_size=args.world, rank=args.rank, port=args.port, ep_size=args.ep
     )
-    publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=args.rank))
-    parallel_state.set_custom_all_reduce(False)  # a CUDA-only feature
-    parallel_state.init_distributed_environment(
-        world_size=args.world,
-        rank=args.rank,
-        local_rank=args.rank,
-        backend="gloo",
-        distributed_init_method=f"tcp://127.0.0.1:{args.port}",
-    )
-    parallel_state.initialize_model_parallel(backend="gloo")
     par = get_parallel()
 
     from sglang_mtp_dequant.cpu_sglang import sglang_weights

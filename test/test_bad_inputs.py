@@ -107,18 +107,11 @@ def test_scheme_the_plugin_does_not_decode(load_draft, copy_checkpoint):
 
 def test_refused_before_any_parameter_is_written(load_draft, copy_checkpoint, sglang_cpu):
     """The plan is checked before streaming: a refused load writes nothing into the draft."""
-    from sglang_mtp_dequant.cpu_sglang import (
-        build_draft,
-        draft_model_config,
-        publish_context,
-        sglang_weights,
-    )
+    from sglang_mtp_dequant.cpu_sglang import new_draft, sglang_weights
 
     folder = copy_checkpoint(NAME)
     edit_shard(folder, lambda t: t.pop("mtp.layers.0.mlp.down_proj.weight_scale"))
-    publish_context(folder)
-    config = draft_model_config(folder)
-    model = build_draft(config)
+    config, model = new_draft(folder)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with pytest.raises(DraftWeightError):
         model.load_weights(sglang_weights(config, model))

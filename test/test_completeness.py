@@ -336,12 +336,7 @@ def test_the_declaration_is_what_leaves_lm_head_out(sglang_cpu):
     """The same complete load recorded with and without the declared ``from_target``:
     without it, ``lm_head.weight`` is reported as never written (it really is not), so the
     declaration, not luck, keeps it out of the audit."""
-    from sglang_mtp_dequant.cpu_sglang import (
-        build_draft,
-        draft_model_config,
-        publish_context,
-        sglang_weights,
-    )
+    from sglang_mtp_dequant.cpu_sglang import new_draft, sglang_weights
     from sglang_mtp_dequant.drafts import spec_for_architecture
     from sglang_mtp_dequant.guard import WriteRecorder
 
@@ -349,9 +344,7 @@ def test_the_declaration_is_what_leaves_lm_head_out(sglang_cpu):
     spec = spec_for_architecture("Qwen3_5ForConditionalGeneration")
     assert spec.from_target == ("embed_tokens", "lm_head")
     for from_target, want in (((), {"lm_head.weight": "no write at all"}), (spec.from_target, {})):
-        publish_context(folder)
-        config = draft_model_config(folder)
-        model = build_draft(config)
+        config, model = new_draft(folder)
         stock = type(model).load_weights.__wrapped__
         with WriteRecorder(model, from_target) as writes:
             stock(model, sglang_weights(config, model))

@@ -379,17 +379,10 @@ class PassThrough:
 def _recorded_stock_load(folder: str):
     """Build the fixture's draft and load it with sglang's own load_weights, recording the
     writes as the hook does, and return what ``check_loaded_draft`` takes."""
-    from sglang_mtp_dequant.cpu_sglang import (
-        build_draft,
-        draft_model_config,
-        publish_context,
-        sglang_weights,
-    )
+    from sglang_mtp_dequant.cpu_sglang import new_draft, sglang_weights
     from sglang_mtp_dequant.drafts import spec_for_architecture
 
-    publish_context(folder)
-    config = draft_model_config(folder)
-    model = build_draft(config)
+    config, model = new_draft(folder)
     spec = spec_for_architecture("Qwen3_5ForConditionalGeneration")
     with WriteRecorder(model, spec.from_target) as writes:
         stream = PassThrough(spec.draft_names(model), writes.on_streamed)

@@ -482,19 +482,13 @@ def test_modelscope_model_id_resolved_by_sglang(modelscope_home, tmp_path, monke
     the model id, so sglang's ModelScope resolution is the one exercised.
     """
     from sglang_mtp_dequant.context import weight_sources
-    from sglang_mtp_dequant.cpu_sglang import (
-        build_draft,
-        draft_model_config,
-        path_weights,
-        publish_context,
-    )
+    from sglang_mtp_dequant.cpu_sglang import new_draft, path_weights
 
     caplog.set_level(logging.INFO)
     cache = tmp_path / "ms"
     model_id = "acme/ms-q35-w8a8"
     folder = make_modelscope_cache(cache, model_id, fixture_dir(DENSE))
-    publish_context(folder)
-    model = build_draft(draft_model_config(folder))
+    _, model = new_draft(folder)
     monkeypatch.setenv("SGLANG_USE_MODELSCOPE", "1")
     type(model).load_weights(model, path_weights(model_id, download_dir=str(cache)))
     source = weight_sources()[-1]
@@ -651,11 +645,10 @@ def test_fallback_when_sglang_reports_no_files(sglang_cpu, copy_checkpoint, capl
     from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
 
     from sglang_mtp_dequant.context import weight_sources
-    from sglang_mtp_dequant.cpu_sglang import build_draft, draft_model_config, publish_context
+    from sglang_mtp_dequant.cpu_sglang import new_draft
 
     folder = copy_checkpoint(name)  # a path sglang has never resolved in this session
-    publish_context(folder)
-    model = build_draft(draft_model_config(folder))
+    _, model = new_draft(folder)
     before = len(weight_sources())
     caplog.set_level(logging.INFO)
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))

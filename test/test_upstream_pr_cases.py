@@ -120,19 +120,12 @@ def test_no_double_dequant_when_upstream_fix_is_present(load_draft, sglang_cpu):
     """Our transform runs first and hands bf16; the upstream rule only fires on int8."""
     from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
 
-    from sglang_mtp_dequant.cpu_sglang import (
-        build_draft,
-        draft_model_config,
-        publish_context,
-        sglang_weights,
-    )
+    from sglang_mtp_dequant.cpu_sglang import new_draft, sglang_weights
     from sglang_mtp_dequant.plugin import make_load_weights_hook
 
     folder = fixture_dir(NAME)
     expected = dict(load_draft(folder).named_parameters())
-    publish_context(folder)
-    config = draft_model_config(folder)
-    model = build_draft(config)
+    config, model = new_draft(folder)
     upstream = upstream_style_load_weights(Qwen3_5ForCausalLMMTP.load_weights.__wrapped__)
     make_load_weights_hook(DRAFT_SPECS[0])(upstream, model, sglang_weights(config, model))
     for name, param in model.named_parameters():

@@ -118,31 +118,15 @@ def _run_layouts(job: RankJob) -> None:
 
 def _join_layout(job: RankJob, layout: Layout) -> None:
     """Publish this rank's ServerArgs and join sglang's gloo groups for ``layout``."""
-    from sglang.srt.distributed import parallel_state
-    from sglang.srt.runtime_context import SpawnRanks, publish
-    from sglang.srt.server_args import ServerArgs
+    from sglang_mtp_dequant.cpu_sglang import join_parallel_world
 
-    server_args = ServerArgs(
-        model_path=layout.folder,
-        device="cpu",
-        tp_size=job.world_size,
-        ep_size=layout.ep_size,
-        mamba_radix_cache_strategy="no_buffer",
-        disable_overlap_schedule=True,
-    )
-    # sglang reads ranks from two places that must agree: the published SpawnRanks (read by
-    # VocabParallelEmbedding and FusedMoE) and the torch process group (read by the linear
-    # layers); run_scheduler_process publishes world_rank == the torch rank as well
-    publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=job.rank))
-    parallel_state.set_custom_all_reduce(False)  # a CUDA-only feature
-    parallel_state.init_distributed_environment(
+    join_parallel_world(
+        layout.folder,
         world_size=job.world_size,
         rank=job.rank,
-        local_rank=job.rank,
-        backend="gloo",
-        distributed_init_method=f"tcp://127.0.0.1:{layout.port}",
+        port=layout.port,
+        ep_size=layout.ep_size,
     )
-    parallel_state.initialize_model_parallel(backend="gloo")
 
 
 def _load_and_save(job: RankJob, tag: str, folder: str) -> None:

@@ -58,18 +58,11 @@ def prepare(first_folder: str) -> None:
 
 def load(label: str, folder: str, plugin: bool) -> LoadedDraft:
     """One draft load of ``folder`` (the folder is published as sglang's --model-path)."""
-    from sglang_mtp_dequant.cpu_sglang import (
-        build_draft,
-        draft_model_config,
-        publish_context,
-        sglang_weights,
-    )
+    from sglang_mtp_dequant.cpu_sglang import new_draft, sglang_weights
 
-    publish_context(folder)
-    config = draft_model_config(folder)
+    config, model = new_draft(folder)
     if config.dtype != torch.bfloat16:
         raise RuntimeError(f"{folder}: sglang builds the draft in {config.dtype}, not bfloat16")
-    model = build_draft(config)
     method = type(model).load_weights
     if not plugin:
         method = method.__wrapped__  # sglang's own load_weights, without the hook

@@ -26,7 +26,6 @@ download is incomplete.
 from __future__ import annotations
 
 import glob
-import json
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -34,10 +33,12 @@ from dataclasses import dataclass, field
 import torch
 from safetensors import safe_open
 
+from .config import load_json
 from .context import WeightSource
 from .errors import CheckpointFormatError
 
 DESCRIPTION_NAME = "quant_model_description.json"
+RESTORE = "restore the file the exporter wrote, or delete it"
 
 # safetensors dtype tags -> torch dtypes (the tags a safetensors header can hold).
 _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
@@ -158,7 +159,7 @@ class Checkpoint:
             return
         exact = os.path.join(self.folder, DESCRIPTION_NAME)
         path = exact if exact in candidates else candidates[0]
-        raw = _load_json(path, "a ModelSlim quant_model_description")
+        raw = load_json(path, "a ModelSlim quant_model_description", RESTORE)
         if not isinstance(raw, dict):
             raise CheckpointFormatError(
                 file=path,
@@ -179,7 +180,7 @@ class Checkpoint:
 
     def _check_index_files(self, wanted: Callable[[str], bool]) -> None:
         for index_path in sorted(glob.glob(os.path.join(self.folder, "*.safetensors.index.json"))):
-            raw = _load_json(index_path, "a safetensors index")
+            raw = load_json(index_path, "a safetensors index", RESTORE)
             weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
             if not isinstance(weight_map, dict):
                 raise CheckpointFormatError(
@@ -252,15 +253,3 @@ def _inside_folder(entry: str) -> bool:
         return False
     normal = os.path.normpath(entry)
     return normal != os.curdir and normal.split(os.sep)[0] != os.pardir
-
-
-def _load_json(path: str, what: str) -> object:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointFormatError(
-            file=path,
-            problem=f"is not readable as {what} ({exc})",
-            hint="restore the file the exporter wrote, or delete it",
-        ) from exc

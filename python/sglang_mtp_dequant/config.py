@@ -37,21 +37,15 @@ class CheckpointConfig:
     @classmethod
     def read(cls, folder: str) -> CheckpointConfig:
         path = os.path.join(folder, CONFIG_NAME)
-        try:
-            with open(path, encoding="utf-8") as handle:
-                raw = json.load(handle)
-        except FileNotFoundError as exc:
+        if not os.path.isfile(path):
             raise CheckpointFormatError(
                 file=path,
                 problem="is missing: sglang cannot build any model from this folder",
                 hint="pass the checkpoint folder that holds config.json",
-            ) from exc
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointFormatError(
-                file=path,
-                problem=f"is not readable JSON ({exc})",
-                hint="restore the config.json the checkpoint shipped with",
-            ) from exc
+            )
+        raw = load_json(
+            path, "a model config", "restore the config.json the checkpoint shipped with"
+        )
         if not isinstance(raw, dict):
             raise CheckpointFormatError(
                 file=path,
@@ -95,6 +89,17 @@ class CheckpointConfig:
     def namespace(self) -> SimpleNamespace:
         """The JSON as attributes (``text_config`` too), like the hf_config sglang passes."""
         return _as_namespace(self.raw)
+
+
+def load_json(path: str, what: str, hint: str) -> object:
+    """The JSON in ``path``, or a ``CheckpointFormatError`` naming it as ``what``."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointFormatError(
+            file=path, problem=f"is not readable as {what} ({exc})", hint=hint
+        ) from exc
 
 
 def _as_namespace(value: Any) -> Any:

@@ -118,6 +118,47 @@ def publish_context(model_path: str, draft_path: str | None = None, **server_arg
     publish(args, role="test", ranks=SpawnRanks(world_rank=0))
 
 
+def join_parallel_world(
+    model_path: str, *, world_size: int, rank: int, port: int, ep_size: int = 1
+) -> None:
+    """This process as rank ``rank`` of a TP (and EP) world on gloo, as one of sglang's
+    scheduler processes: its ServerArgs published with its rank, sglang's own process groups
+    joined (``init_distributed_environment`` / ``initialize_model_parallel``)."""
+    from sglang.srt.distributed import parallel_state
+    from sglang.srt.runtime_context import SpawnRanks, publish
+    from sglang.srt.server_args import ServerArgs
+
+    server_args = ServerArgs(
+        model_path=model_path,
+        device="cpu",
+        tp_size=world_size,
+        ep_size=ep_size,
+        mamba_radix_cache_strategy="no_buffer",
+        disable_overlap_schedule=True,
+    )
+    # sglang reads ranks from two places that must agree: the published SpawnRanks (read by
+    # VocabParallelEmbedding and FusedMoE) and the torch process group (read by the linear
+    # layers); run_scheduler_process publishes world_rank == the torch rank as well
+    publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=rank))
+    parallel_state.set_custom_all_reduce(False)  # a CUDA-only feature
+    parallel_state.init_distributed_environment(
+        world_size=world_size,
+        rank=rank,
+        local_rank=rank,
+        backend="gloo",
+        distributed_init_method=f"tcp://127.0.0.1:{port}",
+    )
+    parallel_state.initialize_model_parallel(backend="gloo")
+
+
+def new_draft(path: str, revision: str | None = None, **server_args):
+    """``(model_config, draft)``: sglang's context published for ``path`` (with
+    ``server_args``), the draft's ``ModelConfig``, and its class built on the CPU."""
+    publish_context(path, **server_args)
+    config = draft_model_config(path, revision)
+    return config, build_draft(config)
+
+
 def draft_model_config(path: str, revision: str | None = None):
     """sglang's ``ModelConfig`` of the draft for ``path``, as its draft worker builds it
     (``is_draft_model=True`` maps the architecture to the MTP/NextN class)."""
