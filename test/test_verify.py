@@ -166,3 +166,30 @@ def test_nothing_checked_is_never_ok():
     assert render_verify(report).splitlines()[-1] == (
         "verdict: error - no draft parameter could be checked"
     )
+
+
+@pytest.mark.parametrize("case_id", ["glm4_moe", "deepseek_v3"])
+def test_nextn_drafts_are_built_by_their_own_class_and_checked(draft_case, case_id):
+    """A GLM-4.5 / DeepSeek-V3-shaped checkpoint (``model.layers.<n>.*``): verify builds the
+    NextN class sglang's ModelConfig maps the architecture to, and every parameter fed by
+    codes equals the reference load bit for bit (MLA's concatenated q_a/kv_a included)."""
+    from draft_cases import CASES
+
+    case = CASES[case_id]
+    _, load = draft_case(case)
+    report = run_verify(load.folder)
+    assert report.class_name == case.class_path.rsplit(".", 1)[1], report.class_name
+    assert report.ok, render_verify(report)
+    rows = {r.parameter: r for r in report.rows}
+    quantized = [r for r in rows.values() if r.quantized]
+    assert len(quantized) >= 6 and all(r.check == "exact" for r in quantized)
+    fused_a = [r for r in quantized if r.parameter.endswith("fused_qkv_a_proj_with_mqa.weight")]
+    if case_id == "deepseek_v3":
+        (row,) = fused_a
+        assert sorted(s.rsplit(".", 2)[1] for s in row.sources) == [
+            "kv_a_proj_with_mqa",
+            "q_a_proj",
+        ]
+        assert report.stock_error is not None and "KeyError" in report.stock_error
+    else:
+        assert all(r.stock_absmax is not None and r.stock_absmax >= 100 for r in quantized)
