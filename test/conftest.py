@@ -122,6 +122,19 @@ def load_draft(sglang_cpu, caplog):
     return load
 
 
+@pytest.fixture
+def rmsnorm_restored():
+    """Undo, after the test, what sglang's ``ModelSlimConfig`` does to ``RMSNorm`` for the whole
+    process when a description lists a ``norm.bias`` (a zero bias on every norm built after):
+    real behaviour the test may want, but it must not leak into the tests that follow."""
+    from sglang.srt.layers.layernorm import RMSNorm
+
+    saved = {k: RMSNorm.__dict__[k] for k in ("__init__", "forward_npu") if k in RMSNorm.__dict__}
+    yield RMSNorm
+    for key, value in saved.items():
+        setattr(RMSNorm, key, value)
+
+
 def open_checkpoint(folder: str, wanted=lambda name: "mtp" in name):
     """The plan's view of a checkpoint folder: the files sglang resolves for it, headers."""
     from sglang_mtp_dequant.checkpoint import Checkpoint

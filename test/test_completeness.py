@@ -494,3 +494,23 @@ def test_nextn_shared_names_in_the_layer_are_not_reported(draft_case, audits):
     for shared in ("model.embed_tokens.weight", "lm_head.weight"):
         assert shared in params and shared not in audit["audited"]
         assert params[shared].isnan().all()  # never written, by design
+
+
+@pytest.mark.parametrize("case_id", ("glm4_moe", "deepseek_v3"))
+def test_anti_outlier_norm_biases_of_a_modelslim_target_are_not_reported(
+    draft_case, audits, rmsnorm_restored, case_id
+):
+    """The product's own case: the target is served with --quantization modelslim and its
+    description lists norm biases (static W8A8 anti-outlier), the draft runs unquantized.
+    sglang's ModelSlimConfig then gives every RMSNorm built afterwards, the draft's included, a
+    zero ``bias`` the draft's checkpoint need not hold: loads without a complaint."""
+    from sglang.srt.layers.quantization.modelslim.modelslim import ModelSlimConfig
+
+    ModelSlimConfig({"model.layers.0.input_layernorm.bias": "FLOAT"})  # sglang's real patch
+    _, load = draft_case(CASES[case_id])
+    params = load()
+    biases = [n for n in params if n.endswith("norm.bias")]
+    assert biases, "sglang's patch gave the draft's norms no bias: the case is not exercised"
+    (audit,) = audits
+    assert audit["unwritten"] == {} and not set(biases) & audit["audited"]
+    assert all(float(params[n].abs().max()) == 0.0 for n in biases)

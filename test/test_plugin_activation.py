@@ -126,7 +126,9 @@ def test_float_mtp_checkpoint_loads_bit_identical_and_silent(sglang_cpu, caplog)
         assert torch.equal(param.view(torch.int16), stock[name].view(torch.int16)), name
 
 
-def test_quantized_draft_requested_is_left_to_sglang(load_draft, sglang_cpu, caplog):
+def test_quantized_draft_requested_is_left_to_sglang(
+    load_draft, sglang_cpu, caplog, rmsnorm_restored
+):
     """With a quant config (the user asked for a quantized draft), the plugin changes nothing.
 
     The draft is built with sglang's real ModelSlimConfig from the checkpoint's description:

@@ -47,10 +47,11 @@ class WriteRecorder:
 
     def __init__(self, model: torch.nn.Module, from_target: Iterable[str] = ()) -> None:
         from_target = tuple(from_target)
+        optional = optional_parameters(model)
         self.params = {
             name: param
             for name, param in model.named_parameters()
-            if not any(token in from_target for token in name.split("."))
+            if not any(token in from_target for token in name.split(".")) and name not in optional
         }
         #: checkpoint module -> the stacked parameter module the class concatenates it into
         packed = {**DEFAULT_PACKED, **(getattr(model, "packed_modules_mapping", None) or {})}
@@ -193,6 +194,24 @@ class WriteRecorder:
                     if param == tail or param.endswith(f".{tail}"):
                         self._fed.add(name)
                         self.fed_by[param].append(name)
+
+
+def optional_parameters(model: torch.nn.Module) -> set[str]:
+    """Parameters sglang builds with their final value that a correct checkpoint may lack.
+
+    When the target's ModelSlim description lists any ``norm.bias`` (static W8A8 with
+    anti-outlier), sglang's ``ModelSlimConfig`` patches ``RMSNorm.__init__`` for the whole
+    process (``modelslim.npu_wrapper_rmsnorm_init``): every RMSNorm built afterwards, the
+    unquantized draft's included, gets a zero ``bias`` and ``ignore_anti = True``. Only the
+    norms the anti-outlier pass touched have a bias in the checkpoint; the others keep zero,
+    which is what a norm without one computes.
+    """
+    return {
+        f"{name}.bias" if name else "bias"
+        for name, module in model.named_modules()
+        if getattr(module, "ignore_anti", False)
+        and isinstance(getattr(module, "bias", None), torch.nn.Parameter)
+    }
 
 
 def _span(tensor: torch.Tensor) -> tuple[int, int]:
