@@ -66,6 +66,14 @@ _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
 FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
+def is_code_dtype(dtype: torch.dtype | str) -> bool:
+    """Integer or float8 storage: values that mean nothing without their scales (the one rule
+    the plan, the stream, the guard and verify judge tensors by)."""
+    if not isinstance(dtype, torch.dtype) or dtype == torch.bool:
+        return False
+    return not dtype.is_floating_point or dtype in FLOAT8_DTYPES
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """Where one tensor lives and what its header says; no tensor bytes."""
@@ -84,7 +92,7 @@ class TensorInfo:
     @property
     def holds_codes(self) -> bool:
         """Integer or float8 storage: codes that mean nothing without their scales."""
-        return self.is_integer or self.dtype in FLOAT8_DTYPES
+        return is_code_dtype(self.dtype)
 
     @property
     def dtype_name(self) -> str:

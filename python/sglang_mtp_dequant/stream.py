@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import naming
-from .checkpoint import FLOAT8_DTYPES
+from .checkpoint import is_code_dtype
 from .errors import DraftWeightError
 from .ownership import ExpertOwnership
 from .plan import DequantPlan
@@ -121,7 +121,7 @@ class DequantizingStream:
         return name, tensor
 
     def _decode(self, name: str, tensor: torch.Tensor, entry) -> torch.Tensor:
-        if tensor.is_floating_point() and tensor.dtype not in FLOAT8_DTYPES:
+        if not is_code_dtype(tensor.dtype):
             self.stats.already_float += 1
             return tensor
         info = entry.info
@@ -157,7 +157,4 @@ def _is_code_weight(name: str, tensor: torch.Tensor) -> bool:
     """A weight (not a companion) streaming as integer or float8 codes. Integer companions of
     float weights (quant_bias, an int64 deq_scale, ...) are left to sglang as stock would; a
     weight itself must never arrive as codes."""
-    codes = not tensor.is_floating_point() or tensor.dtype in FLOAT8_DTYPES
-    if not codes or tensor.dtype == torch.bool:
-        return False
-    return name.endswith("weight") or name.endswith("_proj")
+    return is_code_dtype(tensor.dtype) and (name.endswith("weight") or name.endswith("_proj"))

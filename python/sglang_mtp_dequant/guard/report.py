@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..checkpoint import is_code_dtype
 from ..errors import DraftWeightError
 from ..naming import NameIndex
 from .values import CodeEvidence
@@ -50,13 +51,6 @@ class Source:
     def raw_codes(self) -> bool:
         """Streamed as integer or float8 codes and handed to sglang as they were."""
         return self.dtype is not None and not self.dequantized and is_code_dtype(self.dtype)
-
-
-def is_code_dtype(dtype: torch.dtype) -> bool:
-    """Integer or float8: values that mean nothing without their scales."""
-    if dtype == torch.bool:
-        return False
-    return not dtype.is_floating_point or dtype.itemsize == 1
 
 
 @dataclass

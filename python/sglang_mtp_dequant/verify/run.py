@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import context
-from ..checkpoint import Checkpoint
+from ..checkpoint import Checkpoint, is_code_dtype
 from ..drafts import DRAFT_SPECS, DraftSpec
 from ..guard import WriteRecorder
 from ..plan import DequantPlan
@@ -248,7 +248,7 @@ def _reference_stream(
         if name in plan.consumed:
             continue
         entry = decode.get(name)
-        if entry is not None and (not tensor.is_floating_point() or tensor.element_size() == 1):
+        if entry is not None and is_code_dtype(tensor.dtype):
             tensors = {name: tensor, **companions}
             expected = independent_dequantize(tensors, name, entry.scheme, version)
             if expected is None:
