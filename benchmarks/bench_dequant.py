@@ -4,14 +4,15 @@ Usage (``make bench`` runs the first line)::
 
     .venv/bin/python benchmarks/bench_dequant.py --json .cache/bench/results.json
     .venv/bin/python benchmarks/bench_dequant.py --variants      # candidate decode bodies
+    .venv/bin/python benchmarks/bench_dequant.py --floor         # their kernels, in cache
     .venv/bin/python benchmarks/bench_dequant.py --variants --only "previous body" --sets moe \\
         --reps 15                                                # a focused A/B
     .venv/bin/python benchmarks/bench_dequant.py --skip-ep --reps 3   # timing and memory only
 
 Two sets of W8A8_DYNAMIC tensors as msmodelslim writes them (random int8 codes, positive f32
 per-row scales, zero offsets), prepared by the plugin's own scheme (``AffineInt8().prepare``)
-and decoded to bf16 by ``AffineDecoder.decompress`` (``schemes/affine.py``: eager torch, for
-these the codes cast into the output and scaled there in place, no scratch buffer):
+and decoded to bf16 by ``AffineDecoder.decompress`` (``schemes/affine.py``: eager torch, three
+passes over each block of rows through one reused fp32 buffer):
 
 - ``dense``: one Qwen3.5-27B MTP layer (hidden 5120, 24 heads x 256 gated q, 4 KV heads,
   intermediate 17408): q_proj 12288x5120, k/v_proj 1024x5120, o_proj 5120x6144,
@@ -37,13 +38,19 @@ Measured:
   alive at a time as in sglang's loader; the kernel's RSS high-water mark (``VmHWM``, reset
   through ``/proc/self/clear_refs`` once the inputs exist, so nothing is sampled and set-up
   does not count) gives each method's growth; M = the larger over the sets of the growth when
-  decoding minus the growth when casting (both produce the same bf16 outputs). tracemalloc
+  decoding minus the growth when casting (both produce the same bf16 outputs), each the median
+  of ``--mem-runs`` children (3), in MiB. The children run with glibc's mmap threshold fixed
+  (``LIVE_ENV``), so that RSS is the memory alive: with glibc's default the heap keeps blocks
+  of freed tensors resident depending on what ran before, which moved one child's growth by
+  a MiB between runs (one default run per set and method is printed beside it). tracemalloc
   cannot be used: it does not see torch's allocations. The bound it is held to is one fp32
-  block buffer of the decoder's general path (``affine.BLOCK_ELEMENTS`` x 4 bytes, printed).
+  block buffer of the decoder (``affine.BLOCK_ELEMENTS`` x 4 bytes, printed).
 
 ``--variants`` times the decode bodies that were candidates for ``dequantize`` on both sets
 and thread counts (after checking that each gives the formula's bits) and prints a table:
-the measurements behind the body ``schemes/affine.py`` ships.
+the measurements behind the body ``schemes/affine.py`` ships. ``--floor`` times, in cache, the
+torch operations such a body is made of, one block at a time, against the cast of the same
+block: the lowest ratio any body built from them can reach on this machine.
 
 Ends with: ``dequant_vs_cast_ratio <R> ep2_rank_decode_fraction <F> peak_extra_mb <M>``.
 """
@@ -177,19 +184,46 @@ def child_peak(set_name: str, method: str) -> None:
     for item in items:
         out = fn(item)
         del out
-    peak = _status_bytes("VmHWM")
-    largest = max(i.codes.numel() for i in items) * 2
-    print(json.dumps({"growth": peak - base, "largest_output": largest}))
+    print(json.dumps({"growth": _status_bytes("VmHWM") - base}))
 
 
-def peak_memory(set_name: str, method: str) -> dict:
+# glibc's initial mmap threshold. Fixed (the variable turns its dynamic raising off), every
+# allocation of this size or more is mapped when made and unmapped when freed, so a child's RSS
+# is what is alive; by default glibc raises the threshold past blocks it has freed and keeps
+# later ones of that size on its heap, which then stays resident between tensors.
+LIVE_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
+
+
+def peak_memory(set_name: str, method: str, live: bool) -> int:
+    """RSS growth of one fresh child streaming ``set_name`` through ``method``."""
     out = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--child-peak", set_name, method],
         check=True,
         capture_output=True,
         text=True,
+        env={**os.environ, **LIVE_ENV} if live else None,
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])["growth"]
+
+
+def peak_memory_runs(runs: int) -> dict[str, dict[str, dict[str, list[int]]]]:
+    """Per allocator mode (``live``: threshold fixed, ``default``), set and method: the RSS
+    growth of fresh children, alternating cast and dequant; ``runs`` children each for
+    ``live``, one for ``default``."""
+    growth: dict[str, dict[str, dict[str, list[int]]]] = {
+        mode: {s: {m: [] for m in METHODS} for s in SETS} for mode in ("live", "default")
+    }
+    for mode, count in (("live", runs), ("default", 1)):
+        for run in range(count):
+            for s in SETS:
+                for m in METHODS if run % 2 == 0 else reversed(METHODS):
+                    growth[mode][s][m].append(peak_memory(s, m, live=mode == "live"))
+    return growth
+
+
+def largest_output_mib(set_name: str) -> float:
+    """The largest bf16 tensor of a set: what one decoded tensor alive at a time costs."""
+    return max(rows * cols for rows, cols in SETS[set_name].values()) * 2 / MIB
 
 
 def block_buffer_mb() -> float:
@@ -432,11 +466,91 @@ def run_variants(reps: int, only: list[str], sets: list[str]) -> None:
     torch.set_num_threads(default_threads)
 
 
+def block_kernels(
+    rows: int, cols: int, gen: torch.Generator
+) -> tuple[dict[str, Callable[[], object]], int]:
+    """The kernels ``--floor`` times on one (rows, cols) block, every output preallocated."""
+    bf16, f32 = torch.bfloat16, torch.float32
+    q = torch.randint(-128, 128, (rows, cols), dtype=torch.int8, generator=gen)
+    # near 1: the scale pass runs 200 times on the same block, and a real scale (~1e-3) would
+    # take it into subnormals within a few calls, which are far slower
+    scale = 1 + torch.rand((rows, 1), generator=gen) * 1e-7
+    work = torch.empty((rows, cols), dtype=f32)
+    out = torch.empty((rows, cols), dtype=bf16)
+    out3 = out.view(1, rows, cols)
+    empty, zeros, ones = torch.empty(0), torch.zeros(rows), torch.ones(rows)
+    kernels = {
+        "cast": lambda: out.copy_(q),
+        "to_fp32": lambda: work.copy_(q),
+        "scale": lambda: work.mul_(scale),
+        "round": lambda: out.copy_(work),
+        "norm": lambda: torch.ops.aten.native_batch_norm.out(
+            out3,
+            scale.view(-1),
+            None,
+            zeros,
+            ones,
+            False,
+            0.0,
+            0.0,
+            out=out3,
+            save_mean=empty,
+            save_invstd=empty,
+        ),
+    }
+    return kernels, q.numel()
+
+
+def run_floor(reps: int) -> None:
+    """Each torch operation of a decode body, timed on one block in cache, against the cast.
+
+    One block of the decoder's size (``affine.BLOCK_ELEMENTS`` codes) per set's row width
+    (2048: the MoE experts, 5120: the dense layer), every output preallocated, so what is timed
+    is the kernels alone: no allocation, no page fault, no Python loop, inputs in cache. The
+    three passes of the shipped body (codes -> fp32, the scale, the one rounding to bf16) are
+    timed singly; their sum over the cast is the lowest ratio a body made of them can reach,
+    before the loop and the memory traffic the real decode adds. The two-pass candidate is the
+    cast itself plus torch's batch-norm kernel scaling the bf16 block in place in fp32.
+    """
+    from sglang_mtp_dequant.schemes import affine
+
+    gen = torch.Generator().manual_seed(0)
+    print(f"kernels on one block of {affine.BLOCK_ELEMENTS} codes in cache, ns per code, "
+          f"medians of {reps} runs of 200 calls")  # fmt: skip
+    print("| threads | row width | cast int8->bf16 | int8->fp32 | fp32 * row scale | "
+          "fp32->bf16 | the three passes / the cast | batch-norm affine, bf16 in place "
+          "| cast + batch-norm / the cast |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    default_threads = torch.get_num_threads()
+    for threads in thread_counts():
+        torch.set_num_threads(threads)
+        for cols in (2048, 5120):
+            kernels, codes = block_kernels(affine.BLOCK_ELEMENTS // cols, cols, gen)
+            samples: dict[str, list[float]] = {k: [] for k in kernels}
+            for rep in range(reps + 1):
+                for name, kernel in kernels.items():
+                    started = time.perf_counter()
+                    for _ in range(200):
+                        kernel()
+                    if rep:
+                        samples[name].append((time.perf_counter() - started) / 200)
+            ns = {k: statistics.median(v) * 1e9 / codes for k, v in samples.items()}
+            passes = ns["to_fp32"] + ns["scale"] + ns["round"]
+            print(
+                f"| {threads} | {cols} | {ns['cast']:.3f} | {ns['to_fp32']:.3f} "
+                f"| {ns['scale']:.3f} | {ns['round']:.3f} | **{passes / ns['cast']:.2f}** "
+                f"| {ns['norm']:.3f} | **{(ns['cast'] + ns['norm']) / ns['cast']:.2f}** |",
+                flush=True,
+            )
+    torch.set_num_threads(default_threads)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--json", default=None)
     parser.add_argument("--variants", action="store_true")
+    parser.add_argument("--floor", action="store_true", help="the kernels of a body, in cache")
     parser.add_argument(
         "--only", action="append", default=[], help="with --variants: bodies whose name has this"
     )
@@ -446,6 +560,7 @@ def main() -> int:
     parser.add_argument("--skip-ep", action="store_true")
     parser.add_argument("--ep-experts", type=int, default=256)
     parser.add_argument("--child-peak", nargs=2, metavar=("SET", "METHOD"))
+    parser.add_argument("--mem-runs", type=int, default=3, help="fresh processes per set, method")
     args = parser.parse_args()
     if args.child_peak:
         child_peak(*args.child_peak)
@@ -453,6 +568,9 @@ def main() -> int:
     print(describe(), flush=True)
     if args.variants:
         run_variants(args.reps, args.only, args.sets)
+        return 0
+    if args.floor:
+        run_floor(args.reps)
         return 0
 
     started = time.perf_counter()
@@ -483,19 +601,32 @@ def main() -> int:
     torch.set_num_threads(default_threads)
     del items_by_set
 
-    memory = {s: {m: peak_memory(s, m) for m in METHODS} for s in SETS}
-    extras = {s: (memory[s]["dequant"]["growth"] - memory[s]["cast"]["growth"]) / MIB for s in SETS}
-    print(f"\npeak memory, {default_threads} threads, one decoded tensor alive at a time:")
-    print("| set | RSS growth, cast MB | RSS growth, dequant MB | extra MB | largest output MB |")
-    print("|---|---|---|---|---|")
+    growth = peak_memory_runs(args.mem_runs)
+    extras: dict[str, float] = {}
+    print(
+        f"\npeak memory, {default_threads} threads, one decoded tensor alive at a time: RSS "
+        f"growth of fresh processes in MiB; live: glibc's mmap threshold fixed, medians of "
+        f"{args.mem_runs} (each run in brackets); default: glibc as it comes, one run"
+    )
+    print("| set | cast, live | dequant, live | **extra, live** | cast, default | dequant, default "
+          "| extra, default | largest output |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for s in SETS:
-        m = memory[s]
+        live = {m: statistics.median(g) / MIB for m, g in growth["live"][s].items()}
+        runs = {m: " ".join(f"{g / MIB:.2f}" for g in growth["live"][s][m]) for m in METHODS}
+        default = {m: g[0] / MIB for m, g in growth["default"][s].items()}
+        extras[s] = live["dequant"] - live["cast"]
         print(
-            f"| {s} | {m['cast']['growth'] / MIB:.1f} | {m['dequant']['growth'] / MIB:.1f} "
-            f"| {extras[s]:.1f} | {m['cast']['largest_output'] / MIB:.1f} |"
+            f"| {s} | {live['cast']:.2f} ({runs['cast']}) | {live['dequant']:.2f} "
+            f"({runs['dequant']}) | **{extras[s]:.2f}** | {default['cast']:.2f} "
+            f"| {default['dequant']:.2f} | {default['dequant'] - default['cast']:.2f} "
+            f"| {largest_output_mib(s):.1f} |"
         )
-    print(f"(one fp32 block buffer of the decoder: {block_buffer_mb():.1f} MB)")
-    record["memory"] = memory
+    print(
+        f"(one fp32 block buffer of the decoder: {block_buffer_mb():.2f} MiB; the kernel's RSS "
+        "counters are batched, so a growth is exact only to a few hundred KiB)"
+    )
+    record["memory"] = {"growth_bytes": growth, "extra_live_mib": extras}
 
     fraction = float("nan")
     if not args.skip_ep:
@@ -511,7 +642,7 @@ def main() -> int:
     print(f"total {time.perf_counter() - started:.0f} s, load average now {os.getloadavg()[0]:.1f}")
     print(
         f"dequant_vs_cast_ratio {max(ratios):.2f} ep2_rank_decode_fraction {fraction:.3f} "
-        f"peak_extra_mb {max(extras.values()):.1f}"
+        f"peak_extra_mb {max(extras.values()):.2f}"
     )
     return 0
 

@@ -54,7 +54,8 @@ def dequantize(
     out=bf16)``) converts its operands into whole temporaries first, any product taken in
     bf16/fp16 rounds the scale, and a two-pass body (cast into the output, then scale it in
     place in fp32 through torch's eval-mode batch-norm kernel) measured a tie while relying on
-    that kernel accepting its input as its output (docs/results.md).
+    that kernel accepting its input as its output; in cache, torch's kernels for these passes
+    alone cost 2.2-2.6 casts (``bench_dequant.py --floor``, docs/results.md).
 
     ``test/test_dequantize.py`` checks it against the whole-tensor fp32 formula.
     """
