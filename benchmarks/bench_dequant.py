@@ -226,7 +226,7 @@ def largest_output_mib(set_name: str) -> float:
     return max(rows * cols for rows, cols in SETS[set_name].values()) * 2 / MIB
 
 
-def block_buffer_mb() -> float:
+def block_buffer_mib() -> float:
     """The largest scratch buffer the decoder allocates per block, from its own constants."""
     from sglang_mtp_dequant.schemes import affine
 
@@ -623,7 +623,7 @@ def main() -> int:
             f"| {largest_output_mib(s):.1f} |"
         )
     print(
-        f"(one fp32 block buffer of the decoder: {block_buffer_mb():.2f} MiB; the kernel's RSS "
+        f"(one fp32 block buffer of the decoder: {block_buffer_mib():.2f} MiB; the kernel's RSS "
         "counters are batched, so a growth is exact only to a few hundred KiB)"
     )
     record["memory"] = {"growth_bytes": growth, "extra_live_mib": extras}

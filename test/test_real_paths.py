@@ -516,13 +516,16 @@ DOCTOR_COUNTS = {
 }
 
 
-def report_lines(out: str, command: str) -> list[str]:
-    """The report's lines (verify prints its progress before it)."""
+def report_lines(out: str, command: str, snapshot: str) -> list[str]:
+    """The report's lines (verify prints its progress before it), after checking that its
+    second line names the snapshot sglang resolved."""
     lines = out.splitlines()
     first = next(
         i for i, line in enumerate(lines) if line.startswith(f"sglang-mtp-dequant {command}: ")
     )
-    return lines[first:]
+    lines = lines[first:]
+    assert lines[1].startswith(f"  resolved: {snapshot} (sglang "), lines[1]
+    return lines
 
 
 @pytest.fixture
@@ -555,8 +558,7 @@ def test_doctor(located, capsys, sglang_log, name, how):
     code = main(["doctor", *args, "--log", sglang_log])
     out = capsys.readouterr().out
     assert code == 0, out
-    lines = report_lines(out, "doctor")
-    assert lines[1].startswith(f"  resolved: {snapshot} (sglang "), lines[1]
+    lines = report_lines(out, "doctor", snapshot)
     assert "  safetensors files: 1; draft dtype: bfloat16" in lines
     total, dequantize, keep = DOCTOR_COUNTS[name]
     assert f"  {total} draft tensors: {dequantize} dequantize, {keep} keep, 0 error" in lines
@@ -573,8 +575,7 @@ def test_verify(located, capsys, sglang_log, name, how):
     code = main(["verify", *args, "--log", sglang_log])
     out = capsys.readouterr().out
     assert code == 0, out
-    lines = report_lines(out, "verify")
-    assert lines[1].startswith(f"  resolved: {snapshot} (sglang "), lines[1]
+    lines = report_lines(out, "verify", snapshot)
     assert "  streamed 1 of 1 weight files (those holding draft tensors)" in out
     verdict = lines[-1]
     assert verdict.startswith("verdict: ok - "), verdict
@@ -627,8 +628,7 @@ def test_console_script_in_a_fresh_process(tmp_path):
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    lines = report_lines(done.stdout, "doctor")
-    assert lines[1].startswith(f"  resolved: {snapshot} (sglang "), lines[1]
+    lines = report_lines(done.stdout, "doctor", snapshot)
     assert "  safetensors files: 1; draft dtype: bfloat16" in lines
     assert lines[-1] == "verdict: ok - the plugin loads this draft as correct float weights"
     assert os.listdir(tmp) == [] and os.listdir(default) == []

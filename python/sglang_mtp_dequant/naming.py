@@ -129,9 +129,10 @@ def split_companion(name: str) -> tuple[str, str] | None:
     return (base, suffix) if base and suffix in COMPANION_SUFFIXES else None
 
 
-def is_fused_expert_name(name: str) -> bool:
+def is_bare_proj(name: str) -> bool:
     """A weight stored without ``.weight``: Qwen3.5/3.6 fused experts ``experts.gate_up_proj``
-    [E, 2I, H] and ``experts.down_proj`` [E, H, I] (any ``*_proj`` last component)."""
+    [E, 2I, H] and ``experts.down_proj`` [E, H, I] (any ``*_proj`` last component; which of
+    them hold all experts in one tensor is ``is_fused_experts``)."""
     return name.rpartition(".")[2].endswith("_proj")
 
 
@@ -141,7 +142,7 @@ def fused_companion_base(name: str, names: Mapping[str, object] | set[str]) -> s
     for suffix in COMPANION_SUFFIXES:
         if name.endswith(f"_{suffix}"):
             base = name[: -len(suffix) - 1]
-            if is_fused_expert_name(base) and base in names:
+            if is_bare_proj(base) and base in names:
                 return base
     return None
 
@@ -155,7 +156,7 @@ def companion_names(weight_name: str) -> dict[str, tuple[str, ...]]:
     if weight_name.endswith(".weight"):
         base = weight_name[: -len(".weight")]
         return {s: (f"{base}.{s}",) for s in COMPANION_SUFFIXES}
-    if is_fused_expert_name(weight_name):
+    if is_bare_proj(weight_name):
         return {s: (f"{weight_name}.{s}", f"{weight_name}_{s}") for s in COMPANION_SUFFIXES}
     return {}
 

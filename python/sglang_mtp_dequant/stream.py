@@ -157,4 +157,4 @@ def _is_code_weight(name: str, tensor: torch.Tensor) -> bool:
     """A weight (not a companion) streaming as integer or float8 codes. Integer companions of
     float weights (quant_bias, an int64 deq_scale, ...) are left to sglang as stock would; a
     weight itself must never arrive as codes."""
-    return is_code_dtype(tensor.dtype) and (name.endswith("weight") or name.endswith("_proj"))
+    return is_code_dtype(tensor.dtype) and (name.endswith("weight") or naming.is_bare_proj(name))
