@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 DEMO_CKPT := test/fixtures/modelslim/q35_dense_w8a8_dynamic
 DEMO_REF := test/fixtures/reference/q35_dense_w8a8_dynamic.safetensors
 
-.PHONY: venv demo test accept bench bench-scaling lint
+.PHONY: venv demo test accept bench bench-scaling lint e2e e2e-short
 
 venv: $(STAMP)
 
@@ -30,6 +30,24 @@ test: $(STAMP)
 accept: $(STAMP)
 	$(VPY) -m pip install -q -c requirements/constraints.txt -r requirements/accept.txt
 	$(VPY) benchmarks/accept_length.py --plot docs/accept_length.png --json .cache/accept/results.json
+
+# sglang's own server with EAGLE on the CPU, four servers: no speculation, float draft,
+# ModelSlim W8A8 draft with the plugin off, and on (benchmarks/e2e_server.py); ends with
+# `e2e accept_length float=F stock=S plugin=P tokens_per_s ...`. Your own folders:
+# make e2e TARGET=<float folder> DRAFT=<ModelSlim folder of the same model>
+E2E_STAMP := $(VENV)/.e2e-installed
+E2E_ARGS := $(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT))
+
+$(E2E_STAMP): $(STAMP) requirements/e2e.txt
+	$(VPY) -m pip install -q --no-deps -r requirements/e2e.txt
+	touch $(E2E_STAMP)
+
+e2e: $(E2E_STAMP)
+	$(VPY) benchmarks/e2e_server.py $(E2E_ARGS) --json .cache/e2e/results.json
+
+# the same with 2 prompts x 16 tokens: what CI runs at every landing
+e2e-short: $(E2E_STAMP)
+	$(VPY) benchmarks/e2e_server.py --short $(E2E_ARGS) --json .cache/e2e/short.json
 
 # decode cost against a plain cast (R), codes decoded per EP=2 rank (F), extra peak memory (M);
 # ends with `dequant_vs_cast_ratio R ep2_rank_decode_fraction F peak_extra_mb M`
