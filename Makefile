@@ -58,7 +58,14 @@ bench: $(STAMP)
 bench-scaling: $(STAMP)
 	$(VPY) benchmarks/bench_scaling.py --json .cache/bench/scaling.json
 
-lint: $(STAMP)
-	$(VPY) -m pip install -q ruff
+# ruff (lint + format check) and mypy with untyped defs checked (pyproject.toml [tool.mypy])
+LINT_STAMP := $(VENV)/.lint-installed
+
+$(LINT_STAMP): $(STAMP) requirements/lint.txt
+	$(VPY) -m pip install -q --no-deps -r requirements/lint.txt
+	touch $(LINT_STAMP)
+
+lint: $(LINT_STAMP)
 	$(VENV)/bin/ruff check python test benchmarks
 	$(VENV)/bin/ruff format --check python test benchmarks
+	$(VENV)/bin/mypy python/sglang_mtp_dequant

@@ -202,6 +202,9 @@ def machine_line() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Ctrl-C and SIGTERM stop every server started (SIGINT may arrive ignored from a
+    # non-interactive parent shell, so its handler is set explicitly)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     started = time.perf_counter()
     try:
@@ -216,14 +219,14 @@ def main(argv: list[str] | None = None) -> int:
         ServerRun("stock", args.target, args.draft, plugin=False),
         ServerRun("plugin", args.target, args.draft, plugin=True),
     ]
-    prompts = heldout_prompts(args.prompts, args.prompt_len)
-    say(machine_line())
-    say(
-        f"e2e: target {args.target}, draft {args.draft}; {len(runs)} servers, "
-        f"{len(prompts)} prompts x {args.new_tokens} greedy tokens; logs in {args.log_dir}"
-    )
     results: list[RunResult] = []
     try:
+        prompts = heldout_prompts(args.prompts, args.prompt_len)
+        say(machine_line())
+        say(
+            f"e2e: target {args.target}, draft {args.draft}; {len(runs)} servers, "
+            f"{len(prompts)} prompts x {args.new_tokens} greedy tokens; logs in {args.log_dir}"
+        )
         for index, run in enumerate(runs, 1):
             results.append(serve(run, prompts, args, index, len(runs)))
     except ServerError as exc:

@@ -15,7 +15,8 @@ package's ``site/`` folder first on ``PYTHONPATH`` (the CPU shims, ``site/sitecu
 ``SGLANG_PLUGINS=none`` switches the plugin off the way sglang documents.
 
 The server runs in its own session (process group): stopping it signals the whole group,
-then waits until no process of the group is left, escalating from SIGTERM to SIGKILL.
+then waits until no process of the group is left, escalating from SIGTERM to SIGKILL. Should
+the harness itself be killed, the launcher gets SIGTERM from the kernel (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ CPU_FLAGS = (
     "--chunked-prefill-size", "1024",
     "--random-seed", "0",
 )  # fmt: skip
+
+
+#: set in every server process's environment to its log's path: children inherit it, so any
+#: process of a server can be found (tests check that none outlives its run)
+RUN_MARK = "SGLANG_MTP_DEQUANT_E2E_SERVER_LOG"
 
 
 class ServerError(RuntimeError):
@@ -143,11 +149,12 @@ class Server:
         with open(self.log_path, "w", encoding="utf-8") as log:
             self.process = subprocess.Popen(
                 self.run.command(self.port),
-                env=self.run.environment(),
+                env={**self.run.environment(), RUN_MARK: self.log_path},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=_terminate_with_parent,
             )
         try:
             self._wait_healthy()
@@ -207,6 +214,15 @@ class Server:
         process.poll()
         if group_alive(group):
             raise ServerError(f"processes of the {self.run.label} server (group {group}) survive")
+
+
+def _terminate_with_parent() -> None:
+    """In the server's launcher, before exec: SIGTERM it if the harness dies without
+    stopping it (a SIGKILL cannot be handled); sglang's launcher then stops its children."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def group_alive(group: int) -> bool:

@@ -81,6 +81,11 @@ _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
 FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (a header's tag torch has no dtype for: as is)."""
+    return str(dtype).removeprefix("torch.")
+
+
 def is_code_dtype(dtype: torch.dtype | str) -> bool:
     """Integer or float8 storage: values that mean nothing without their scales (the one rule
     the plan, the stream, the guard and verify judge tensors by)."""
@@ -111,7 +116,7 @@ class TensorInfo:
 
     @property
     def dtype_name(self) -> str:
-        return str(self.dtype).replace("torch.", "")
+        return dtype_name(self.dtype)
 
 
 @dataclass

@@ -88,7 +88,11 @@ def _sglang_output(log: str | None) -> Iterator[Callable[[str], None]]:
         os.dup2(handle.fileno(), 2)
         try:
             with contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
-                yield lambda line: os.write(saved[0], f"{line}\n".encode())
+
+                def to_terminal(line: str) -> None:
+                    os.write(saved[0], f"{line}\n".encode())
+
+                yield to_terminal
         finally:
             sys.stdout.flush()
             sys.stderr.flush()

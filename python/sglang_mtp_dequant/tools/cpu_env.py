@@ -61,8 +61,8 @@ def vllm_placeholder() -> dict[str, types.ModuleType]:
 
     vllm = types.ModuleType("vllm")
     ops = types.ModuleType("vllm._custom_ops")
-    ops.rotary_embedding = rotary_embedding
-    vllm._custom_ops = ops
+    setattr(ops, "rotary_embedding", rotary_embedding)  # noqa: B010 - a module built here
+    setattr(vllm, "_custom_ops", ops)  # noqa: B010
     return {"vllm": vllm, "vllm._custom_ops": ops}
 
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 
-from ..formats.checkpoint import Checkpoint, WeightSource
+from ..formats.checkpoint import Checkpoint, WeightSource, dtype_name
 from ..formats.plan import DequantPlan
 from ..serving.drafts import DraftSpec, draft_dtype
 from ..serving.guard import WriteRecorder
@@ -54,8 +55,8 @@ def simulate_load(
             lambda: plan, draft_dtype(model), spec.draft_names(model), observer=writes.on_streamed
         )
         with bypassed():  # sglang's own load_weights, fed the plugin's stream
-            model.load_weights(stream.apply(_header_tensors(checkpoint)))
-    dtype = str(draft_dtype(model)).replace("torch.", "")
+            cast(Any, model).load_weights(stream.apply(_header_tensors(checkpoint)))
+    dtype = dtype_name(draft_dtype(model))
     return Coverage(type(model).__name__, dtype, writes.unwritten(), writes.skipped_names())
 
 

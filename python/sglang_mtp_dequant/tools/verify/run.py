@@ -33,10 +33,11 @@ import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 
-from ...formats.checkpoint import Checkpoint, is_code_dtype
+from ...formats.checkpoint import Checkpoint, dtype_name, is_code_dtype
 from ...formats.plan import DequantPlan
 from ...serving import context
 from ...serving.drafts import DRAFT_SPECS, DraftSpec
@@ -124,7 +125,7 @@ def run_verify(
 
     load_plugins()
     model_config = draft_model_config(source.folder)
-    report.dtype = str(model_config.dtype).replace("torch.", "")
+    report.dtype = dtype_name(model_config.dtype)
     shapes = build_draft(model_config, device="meta")
     report.class_name = type(shapes).__name__
     spec = spec_for_class(type(shapes))
@@ -152,7 +153,7 @@ def run_verify(
     if len(draft_files) == 1:
         # sglang's own file filter: its loader globs this (relative) name only. It stops at the
         # first pattern that matches, so several files cannot be named one pattern each.
-        model.allow_patterns_overrides = [os.path.relpath(draft_files[0], source.folder)]
+        cast(Any, model).allow_patterns_overrides = [os.path.relpath(draft_files[0], source.folder)]
         report.files_streamed = draft_files
     else:
         report.files_streamed = list(source.files)
@@ -220,7 +221,7 @@ def _load(model: torch.nn.Module, spec: DraftSpec, weights: Weights, *, hooked: 
     with WriteRecorder(model, spec.from_target) as writes:
         try:
             with contextlib.nullcontext() if hooked else bypassed():
-                model.load_weights(_observed(weights, writes, is_draft))
+                cast(Any, model).load_weights(_observed(weights, writes, is_draft))
         except Exception as exc:  # noqa: BLE001 - a load that stops is a finding, reported
             error = f"{type(exc).__name__}: {exc}"
     values = {n: writes.params[n].detach().clone() for n in writes.written_parameters()}
