@@ -111,10 +111,40 @@ def glm5_config(scale: int = 1, experts: int = 256, layers: int = 78) -> dict:
     }
 
 
-def glm51_w8a8(scale: int = 1, experts: int = 256, target_layers: int = 0) -> Layout:
+DEEPSEEK_V32 = dict(
+    hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+    num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512,
+    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, index_head_dim=128,
+    index_n_heads=64, vocab_size=129280,
+)  # fmt: skip
+
+
+def deepseek_v32_config(scale: int = 1, experts: int = 256) -> dict:
+    """DeepSeek-V3.2's config.json (``DeepseekV32ForCausalLM``, 61 layers, yarn rope), its
+    sizes divided by ``scale``, in GLM-5's layout of keys."""
+    config = glm5_config(scale, experts, layers=61)
+    config.update({k: max(1, v // scale) for k, v in DEEPSEEK_V32.items()})
+    config["num_attention_heads"] = config["num_key_value_heads"] = max(2, 128 // scale)
+    config["index_n_heads"] = max(1, 64 // scale)
+    config.update(architectures=["DeepseekV32ForCausalLM"], model_type="deepseek_v32")
+    config["rope_scaling"] = {
+        "type": "yarn", "rope_type": "deepseek_yarn", "factor": 40, "beta_fast": 32,
+        "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+    }  # fmt: skip
+    config["rope_theta"] = 10000
+    config.pop("rope_parameters")
+    config["max_position_embeddings"] = 163840
+    return config
+
+
+def glm51_w8a8(
+    scale: int = 1, experts: int = 256, target_layers: int = 0, config: dict | None = None
+) -> Layout:
     """GLM-5.1-w8a8's MTP layer (``model.layers.78`` at full size), the target's embedding,
-    final norm and lm_head, and ``target_layers`` dense target layers (shape-only stand-ins)."""
-    config = glm5_config(scale, experts)
+    final norm and lm_head, and ``target_layers`` dense target layers (shape-only stand-ins).
+    ``config``: another DSA model's config in the same layout (``deepseek_v32_config``)."""
+    config = config or glm5_config(scale, experts)
     c = {k: config[k] for k in GLM5}
     hidden, heads, ih, ihd = (
         c["hidden_size"], c["num_attention_heads"], c["index_n_heads"], c["index_head_dim"]

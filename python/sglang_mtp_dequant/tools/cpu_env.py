@@ -61,8 +61,13 @@ GENERIC_ROPE_NOTE = (
 
 
 def stand_ins_used() -> dict[str, str]:
-    """The stand-ins some sglang call needed in this process, with the note for each."""
+    """The stand-ins some sglang call needed since ``forget_stand_ins``, with their notes."""
     return dict(_USED)
+
+
+def forget_stand_ins() -> None:
+    """Start a new record (the doctor does, per checkpoint)."""
+    _USED.clear()
 
 
 def ensure_torchvision_importable() -> None:

@@ -56,6 +56,9 @@ def diagnose(
     ``--revision``). ``dry_run=False`` skips building the draft class: no parameter coverage
     and no answer from the class's own quantization rule (the verdict is then ``unchecked``).
     """
+    from ..cpu_env import forget_stand_ins
+
+    forget_stand_ins()
     report = Diagnosis(requested=path)
     wrong = check_model_path(path, download_dir=download_dir)
     if wrong is not None:
@@ -280,11 +283,13 @@ def _dry_run(report: Diagnosis, built, ckpt: Checkpoint, plan, spec) -> None:
     report.dry_run = f"{coverage.class_name} on the meta device, {how}"
     report.unfilled = coverage.unwritten
     report.skipped = coverage.skipped
+    # an unhooked class: the misload is why the draft is unsupported, said beside it
+    found = report.notes if spec is None and built.quant_config is None else report.problems
     for parameter, sources in coverage.codes_in_float.items():
-        report.problems.append(
+        found.append(
             f"{parameter} is a float parameter of {coverage.class_name}, but stock sglang copies "
-            f"the raw codes of {', '.join(sources)} into it (the draft is built quantized, so the "
-            "plugin does not act): the draft proposes garbage; export that layer unquantized"
+            f"the raw codes of {', '.join(sources)} into it (the plugin does not act on this "
+            "draft): the draft proposes garbage; export that layer unquantized"
         )
 
 
