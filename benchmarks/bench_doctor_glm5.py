@@ -29,6 +29,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "test"))
 from bench_doctor import write_sparse_checkpoint  # noqa: E402
 from machine import describe  # noqa: E402
+
 from real_layouts import draft_rows, glm51_w8a8, write_checkpoint  # noqa: E402
 
 
@@ -77,8 +78,7 @@ def main() -> None:
         print(describe())
         q, g = results["Qwen3.5-27B"], results["GLM-5.1"]
         print(
-            f"GLM-5.1 / Qwen3.5-27B: diagnose {g[0] / q[0]:.2f}x, console script "
-            f"{g[1] / q[1]:.2f}x"
+            f"GLM-5.1 / Qwen3.5-27B: diagnose {g[0] / q[0]:.2f}x, console script {g[1] / q[1]:.2f}x"
         )
 
 
