@@ -19,8 +19,9 @@ transformers' ``GlmMoeDsaConfig`` fields at GLM-5's sizes (hidden 6144, 64 heads
 v 256, q_lora 2048, kv_lora 512, indexer 32 x 128, 256 experts of 2048, vocab 154880), divided
 by ``scale``. ``rot.weight``'s dtype is not in the inventory: bf16 here.
 
-Values (``sparse=False``): codes uniform in [-128, 127], scales ~0.01 (positive), input offset
-3, norms near 1, floats ~0.02; deterministic (seed 0).
+Values (``sparse=False``): codes uniform in [-128, 127], weight scales ~0.001 (``deq_scale`` =
+``input_scale`` 0.05 x a weight scale, as the saver computes it), input offset 3, norms near 1,
+floats ~0.02; deterministic (seed 0).
 """
 
 from __future__ import annotations
@@ -241,8 +242,12 @@ def _values(name: str, dtype: str, shape: tuple[int, ...], rng) -> bytes:
         return rng.integers(-128, 128, count, dtype=np.int8).tobytes()
     if last == "quant_bias":
         return rng.integers(-1000, 1000, count, dtype=np.int32).tobytes()
-    if last in ("weight_scale", "deq_scale", "input_scale"):
-        values = rng.uniform(0.005, 0.015, count)
+    if last == "input_scale":
+        values = np.full(count, INPUT_SCALE)
+    elif last == "deq_scale":  # input_scale * weight_scale, as msmodelslim's saver writes it
+        values = INPUT_SCALE * rng.uniform(0.0005, 0.0015, count)
+    elif last == "weight_scale":
+        values = rng.uniform(0.0005, 0.0015, count)
     elif last == "input_offset":
         values = np.full(count, 3.0)
     elif last == "weight_offset":
@@ -256,6 +261,8 @@ def _values(name: str, dtype: str, shape: tuple[int, ...], rng) -> bytes:
         return (f32.view(np.uint32) >> 16).astype(np.uint16).tobytes()
     return f32.astype(_NUMPY[dtype]).tobytes()
 
+
+INPUT_SCALE = 0.05
 
 _SMALL = ("weight_scale", "weight_offset", "deq_scale", "input_scale", "input_offset",
           "quant_bias")  # fmt: skip

@@ -92,9 +92,14 @@ def test_deepseek_v32_doctor_gives_a_true_verdict(doctor_json, tmp_path):
 def add_attention_quant(folder: str, attention: str, heads: int, c8: bool) -> list[str]:
     """FA3 (and C8) tensors as msmodelslim's saver writes them: f32 ``scale`` [n, 1], int8
     ``offset`` zeros, described FAQuant / C8."""
-    (path,) = [os.path.join(folder, n) for n in os.listdir(folder)
-               if n.endswith(".safetensors") and n != "rot.safetensors"
-               and ("00002" in n or "-of-00001" in n)]  # fmt: skip
+    from safetensors import safe_open
+
+    def holds_attention(path: str) -> bool:
+        with safe_open(path, "pt") as handle:
+            return any(k.startswith(attention) for k in handle.keys())
+
+    files = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".safetensors")]
+    (path,) = [p for p in files if holds_attention(p)]
     tensors = load_file(path)
     added = {}
     for x in "qkv":
