@@ -12,13 +12,17 @@ DEMO_REF := test/fixtures/reference/q35_dense_w8a8_dynamic.safetensors
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml requirements/cpu.txt requirements/constraints.txt requirements/torch-cpu.txt
-	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install -q -r requirements/torch-cpu.txt
-	$(VPY) -m pip install -q --no-deps sglang==0.5.23
-	$(VPY) -m pip install -q -c requirements/constraints.txt -r requirements/cpu.txt
-	$(VPY) -m pip install -q --no-deps -e .
-	touch $(STAMP)
+# Every install is --no-deps from exact pins (requirements/cpu-lock.txt), so pip resolves
+# nothing; -qq keeps pip to errors. The last line says how long it took and what it weighs.
+$(STAMP): pyproject.toml requirements/cpu-lock.txt requirements/torch-cpu.txt
+	@start=$$(date +%s); set -e; \
+	echo "set-up: building $(VENV) (CPU torch, sglang 0.5.23 without its CUDA set, the pinned test set)"; \
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV); \
+	$(VPY) -m pip install -qq --no-deps -r requirements/torch-cpu.txt; \
+	$(VPY) -m pip install -qq --no-deps sglang==0.5.23 -r requirements/cpu-lock.txt; \
+	$(VPY) -m pip install -qq --no-deps -e .; \
+	touch $(STAMP); \
+	echo "set-up: $(VENV) built in $$(( $$(date +%s) - start )) s, $$(du -sh $(VENV) | cut -f1) on disk"
 
 demo: $(STAMP)
 	$(VENV)/bin/sglang-mtp-dequant doctor $(DEMO_CKPT)
@@ -28,7 +32,7 @@ test: $(STAMP)
 	$(VPY) -m pytest -q
 
 accept: $(STAMP)
-	$(VPY) -m pip install -q -c requirements/constraints.txt -r requirements/accept.txt
+	$(VPY) -m pip install -qq --no-deps -r requirements/accept.txt
 	$(VPY) benchmarks/accept_length.py --plot docs/accept_length.png --json .cache/accept/results.json
 
 # sglang's own server with EAGLE on the CPU, four servers: no speculation, float draft,
@@ -39,7 +43,7 @@ E2E_STAMP := $(VENV)/.e2e-installed
 E2E_ARGS := $(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT))
 
 $(E2E_STAMP): $(STAMP) requirements/e2e.txt
-	$(VPY) -m pip install -q --no-deps -r requirements/e2e.txt
+	$(VPY) -m pip install -qq --no-deps -r requirements/e2e.txt
 	touch $(E2E_STAMP)
 
 e2e: $(E2E_STAMP)
@@ -62,7 +66,7 @@ bench-scaling: $(STAMP)
 LINT_STAMP := $(VENV)/.lint-installed
 
 $(LINT_STAMP): $(STAMP) requirements/lint.txt
-	$(VPY) -m pip install -q --no-deps -r requirements/lint.txt
+	$(VPY) -m pip install -qq --no-deps -r requirements/lint.txt
 	touch $(LINT_STAMP)
 
 lint: $(LINT_STAMP)

@@ -35,6 +35,39 @@ def test_requirements_do_not_name_sglang():
     assert any(r.startswith("torch") for r in requirements)
 
 
+def test_the_pinned_sglang_is_the_one_installed():
+    """Every test here is against sglang 0.5.23 (the hook targets, the ledger were read in it)."""
+    from sglang_mtp_dequant.serving.context import sglang_version
+
+    assert sglang_version() == "0.5.23"
+
+
+def _requirements(path: str) -> dict[str, str | None]:
+    """name -> pinned version (None when unpinned) of a requirements file."""
+    import re
+
+    out: dict[str, str | None] = {}
+    for line in open(path, encoding="utf-8"):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, _, version = re.split(r"(==)", line, maxsplit=1) if "==" in line else (line, "", "")
+        out[name.strip().lower().replace("_", "-")] = version.strip() or None
+    return out
+
+
+def test_the_lock_pins_every_chosen_requirement():
+    """``make venv`` installs requirements/cpu-lock.txt with --no-deps: every package chosen in
+    cpu.txt must be in it, at the version cpu.txt pins."""
+    chosen = _requirements(os.path.join(ROOT, "requirements", "cpu.txt"))
+    lock = _requirements(os.path.join(ROOT, "requirements", "cpu-lock.txt"))
+    assert all(version is not None for version in lock.values()), "the lock pins everything"
+    for name, version in chosen.items():
+        assert name in lock, f"{name} (cpu.txt) is not in cpu-lock.txt: regenerate the lock"
+        if version is not None:
+            assert lock[name] == version, f"{name}: cpu.txt pins {version}, the lock {lock[name]}"
+
+
 # -- layering: the package's own import graph ---------------------------------------------------
 
 PACKAGE = os.path.join(ROOT, "python", "sglang_mtp_dequant")

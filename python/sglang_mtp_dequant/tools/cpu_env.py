@@ -71,10 +71,16 @@ def forget_stand_ins() -> None:
 
 
 def ensure_torchvision_importable() -> None:
-    """Make ``import torchvision`` work beside CPU torch (see the module docstring)."""
+    """Make ``import torchvision`` work beside CPU torch (see the module docstring).
+
+    Without torchvision installed there is nothing to repair (sglang's own import then says
+    what is missing).
+    """
     try:
         import torchvision  # noqa: F401
 
+        return
+    except ImportError:
         return
     except RuntimeError as exc:
         if "torchvision::nms" not in str(exc):
