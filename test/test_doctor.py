@@ -113,7 +113,8 @@ def test_undecoded_scheme_is_an_error_naming_each_tensor(doctor_json, copy_check
         assert row["stock"] == STOCK_UNKNOWN
 
 
-def test_missing_scale_is_an_error_naming_the_tensor(doctor_json, copy_checkpoint):
+def missing_scale_copy(copy_checkpoint) -> str:
+    """The W8A8_DYNAMIC fixture without ``mtp.layers.0.mlp.up_proj.weight_scale``."""
     folder = copy_checkpoint("q35_dense_w8a8_dynamic")
     (path,) = glob.glob(os.path.join(folder, "*.safetensors"))
     tensors = load_file(path)
@@ -123,6 +124,11 @@ def test_missing_scale_is_an_error_naming_the_tensor(doctor_json, copy_checkpoin
     index = os.path.join(folder, "quant_model_weights.safetensors.index.json")
     os.chmod(index, 0o644)
     os.remove(index)  # the index would otherwise (rightly) name the missing tensor's shard
+    return folder
+
+
+def test_missing_scale_is_an_error_naming_the_tensor(doctor_json, copy_checkpoint):
+    folder = missing_scale_copy(copy_checkpoint)
     code, report = doctor_json(folder)
     assert code == 1 and report["verdict"] == "error"
     (error,) = [t for t in report["tensors"] if t["action"] == "error"]
@@ -226,11 +232,16 @@ def test_console_script_exit_code(copy_checkpoint, sglang_log):
         assert "UserWarning" in handle.read()  # sglang's import-time warnings, not in stdout
 
 
-@pytest.mark.parametrize("name", Q35)
-def test_doctor_verdict_matches_the_real_load(load_draft, name):
-    """ok <=> sglang's draft loads through the hook; error <=> refused naming a doctor error."""
-    folder = fixture_dir(name)
+BROKEN = {"undecoded-scheme": undecoded_scheme_copy, "missing-scale": missing_scale_copy}
+
+
+@pytest.mark.parametrize("name", (*Q35, *BROKEN))
+def test_doctor_verdict_matches_the_real_load(load_draft, copy_checkpoint, name):
+    """ok <=> sglang's draft loads through the hook; error <=> refused naming a doctor error.
+    Both halves run: the fixtures are ok, the broken copies of one are errors."""
+    folder = BROKEN[name](copy_checkpoint) if name in BROKEN else fixture_dir(name)
     report = diagnose(folder)
+    assert report.verdict == ("error" if name in BROKEN else "ok"), report.problems
     if report.verdict == "ok":
         load_draft(folder)
         return
@@ -244,6 +255,7 @@ def test_stock_claims_match_stock_sglang(load_draft):
     """ "silent misload": stock holds codes (test_dense_schemes); "fails the shape check":
     stock sglang's own loader stops."""
     report = diagnose(fixture_dir("q35_dense_w4a8_dynamic"))
-    assert all(t.stock == STOCK_LOUD for t in report.tensors if t.dtype == "int8")
+    packed = [t for t in report.tensors if t.dtype == "int8"]
+    assert len(packed) == 7 and all(t.stock == STOCK_LOUD for t in packed)
     with pytest.raises(AssertionError, match="param_data.shape"):
         load_draft(fixture_dir("q35_dense_w4a8_dynamic"), plugin=False)

@@ -366,7 +366,14 @@ def test_not_cached_is_a_clear_error_without_network(
     assert (f"at revision {revision!r}" in caught.value.problem) == (revision is not None)
     report = diagnose(repo, revision=revision, download_dir=download_dir)
     assert report.verdict == "error" and report.folder == "" and report.files == 0
-    assert report.problems == [str(caught.value)]
+    if revision is None:
+        # a repo in no cache at all: the doctor says so before importing sglang (preflight),
+        # naming every cache it looked in
+        (problem,) = report.problems
+        assert problem.startswith(f"{repo}: is neither a folder nor a hub model in a local cache")
+        assert download_dir is None or f"{download_dir}," in problem
+    else:  # the repo is cached, that revision is not: sglang's own resolution says so
+        assert report.problems == [str(caught.value)]
 
 
 # -- index files, judged as sglang judges them ---------------------------------------------------

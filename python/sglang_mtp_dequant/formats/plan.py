@@ -16,7 +16,6 @@ companions of every weight are read in one pass per file, so building a plan cos
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -84,9 +83,6 @@ class DequantPlan:
     def errors(self) -> list[PlannedTensor]:
         return [e for e in self.entries.values() if e.action == "error"]
 
-    def scheme_counts(self) -> Counter[str]:
-        return Counter(e.scheme for e in self.to_dequantize.values() if e.scheme)
-
     def raise_first_error(self) -> None:
         """Stop the load on the first refused tensor, saying how many more there are."""
         errors = self.errors
@@ -94,11 +90,7 @@ class DequantPlan:
             return
         first = errors[0].error
         assert first is not None
-        if len(errors) > 1:
-            others = ", ".join(e.info.name for e in errors[1:4])
-            more = "" if len(errors) <= 4 else f" and {len(errors) - 4} more"
-            first.args = (f"{first.args[0]} (also refused: {others}{more})",)
-        raise first
+        raise first.also_refused([e.info.name for e in errors[1:]])
 
     # -- the decisions ----------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ import re
 import struct
 from dataclasses import dataclass
 
+from ..errors import what_to_do
+
 #: the error kinds the checks report (the ``error_kind`` of the CLI's JSON)
 KINDS = (
     "missing-path",  # the path does not exist and is no hub id
@@ -49,7 +51,7 @@ class InputError:
     hint: str
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.problem}. What to do: {self.hint}"
+        return what_to_do(self.path, self.problem, self.hint)
 
 
 def looks_like_hub_id(path: str) -> bool:

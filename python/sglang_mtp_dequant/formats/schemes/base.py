@@ -107,8 +107,19 @@ _REGISTRY: dict[str, Scheme] = {}
 
 
 def register_scheme(cls: type[Scheme]) -> type[Scheme]:
-    """Class decorator: make an instance of ``cls`` the decoder for each of its types."""
+    """Class decorator: make an instance of ``cls`` the decoder for each of its types.
+
+    Raises:
+        ValueError: a type is registered already (two decoders for one description type would
+            make the one that wins depend on import order).
+    """
     instance = cls()
+    for type_name in cls.types:
+        taken = _REGISTRY.get(type_name)
+        if taken is not None:
+            raise ValueError(
+                f"{cls.__name__} registers {type_name!r}, which {type(taken).__name__} decodes"
+            )
     for type_name in cls.types:
         _REGISTRY[type_name] = instance
     return cls

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ...errors import SettingError
 from .report import (
     MODE_ENV,
     Finding,
@@ -62,9 +63,10 @@ def guard_mode() -> str:
     """The mode from ``SGLANG_MTP_DEQUANT_GUARD``; a typo stops the start-up, not the guard."""
     raw = os.environ.get(MODE_ENV, "error").strip().lower() or "error"
     if raw not in MODES:
-        raise ValueError(
-            f"sglang-mtp-dequant: {MODE_ENV}={os.environ.get(MODE_ENV)!r} is not one of "
-            f"{', '.join(MODES)}. What to do: set it to one of those, or unset it (error)"
+        raise SettingError(
+            setting=MODE_ENV,
+            problem=f"{MODE_ENV}={os.environ.get(MODE_ENV)!r} is not one of {', '.join(MODES)}",
+            hint="set it to one of those, or unset it (error)",
         )
     return raw
 

@@ -160,5 +160,6 @@ class MisloadedDraftError(DraftWeightError):
             file=source.file if source else None,
             problem=problem,
             hint=hint,
+            details=lines.split("\n"),
+            subject="",  # the problem names the draft and its folder
         )
-        self.args = (f"sglang-mtp-dequant: {problem}:\n{lines}\nWhat to do: {hint}",)
