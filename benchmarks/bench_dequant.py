@@ -97,13 +97,13 @@ SETS = {"dense": DENSE_27B, "moe": MoeShape.qwen35_35b_a3b().quantized()}
 class Item:
     name: str
     codes: torch.Tensor
-    decoder: object  # sglang_mtp_dequant.schemes.AffineDecoder
+    decoder: object  # sglang_mtp_dequant.formats.schemes.AffineDecoder
 
 
 def make_items(shapes: dict[str, tuple[int, int]], seed: int = 0) -> list[Item]:
     """Random int8 codes and positive per-row scales, prepared by the plugin's own scheme."""
-    from sglang_mtp_dequant.checkpoint import TensorInfo
-    from sglang_mtp_dequant.schemes import scheme_for
+    from sglang_mtp_dequant.formats.checkpoint import TensorInfo
+    from sglang_mtp_dequant.formats.schemes import scheme_for
 
     gen = torch.Generator().manual_seed(seed)
     scheme = scheme_for("W8A8_DYNAMIC")
@@ -228,7 +228,7 @@ def largest_output_mib(set_name: str) -> float:
 
 def block_buffer_mib() -> float:
     """The largest scratch buffer the decoder allocates per block, from its own constants."""
-    from sglang_mtp_dequant.schemes import affine
+    from sglang_mtp_dequant.formats.schemes import affine
 
     return affine.BLOCK_ELEMENTS * 4 / MIB
 
@@ -512,7 +512,7 @@ def run_floor(reps: int) -> None:
     before the loop and the memory traffic the real decode adds. The two-pass candidate is the
     cast itself plus torch's batch-norm kernel scaling the bf16 block in place in fp32.
     """
-    from sglang_mtp_dequant.schemes import affine
+    from sglang_mtp_dequant.formats.schemes import affine
 
     gen = torch.Generator().manual_seed(0)
     print(f"kernels on one block of {affine.BLOCK_ELEMENTS} codes in cache, ns per code, "

@@ -193,7 +193,7 @@ def run_doctor(folder: str, log: str) -> None:
     )
     wall = time.perf_counter() - started
     report = json.loads(run.stdout)
-    from sglang_mtp_dequant.doctor import diagnose
+    from sglang_mtp_dequant.tools.doctor import diagnose
 
     started = time.perf_counter()
     diagnose(folder)  # the first call imports sglang and its model modules

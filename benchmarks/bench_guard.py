@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from sglang_mtp_dequant.guard import inspect_parameters
+from sglang_mtp_dequant.serving.guard import inspect_parameters
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import describe  # noqa: E402

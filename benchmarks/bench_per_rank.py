@@ -75,20 +75,20 @@ def median_seconds(fn: Callable[[], object], reps: int) -> float:
 
 
 def fixture_costs(name: str, reps: int) -> dict:
-    from sglang_mtp_dequant.checkpoint import Checkpoint
-    from sglang_mtp_dequant.cpu_sglang import (
+    from sglang_mtp_dequant.formats.checkpoint import Checkpoint
+    from sglang_mtp_dequant.formats.naming import mtp_prefix
+    from sglang_mtp_dequant.formats.plan import DequantPlan
+    from sglang_mtp_dequant.tools.cpu_sglang import (
         build_draft,
         draft_model_config,
         publish_context,
         sglang_weights,
     )
-    from sglang_mtp_dequant.naming import mtp_prefix
-    from sglang_mtp_dequant.plan import DequantPlan
-    from sglang_mtp_dequant.sources import resolve_offline
+    from sglang_mtp_dequant.tools.resolve import resolve_checkpoint
 
     folder = os.path.join(FIXTURES, name)
     wanted = mtp_prefix(None)
-    source = resolve_offline(folder)
+    source = resolve_checkpoint(folder)
 
     def build_plan() -> DequantPlan:
         return DequantPlan.build(Checkpoint.open(source, wanted=wanted))
@@ -139,8 +139,8 @@ def logging_off() -> None:
 
 def real_size_decode(reps: int) -> dict:
     """Every rank of a 27B deployment decodes these 372 M codes in full."""
-    from sglang_mtp_dequant.checkpoint import TensorInfo
-    from sglang_mtp_dequant.schemes import scheme_for
+    from sglang_mtp_dequant.formats.checkpoint import TensorInfo
+    from sglang_mtp_dequant.formats.schemes import scheme_for
 
     gen = torch.Generator().manual_seed(0)
     items = []
@@ -165,7 +165,7 @@ def real_size_decode(reps: int) -> dict:
 
 ACTIVATION_PROBE = """
 import time
-from sglang_mtp_dequant.cpu_sglang import ensure_torchvision_importable
+from sglang_mtp_dequant.tools.cpu_sglang import ensure_torchvision_importable
 ensure_torchvision_importable()
 import sglang.srt.managers.scheduler, sglang.srt.models.qwen3_5_mtp
 t = time.perf_counter()
@@ -206,7 +206,7 @@ def main() -> None:
     if opts.threads:
         torch.set_num_threads(opts.threads)
 
-    from sglang_mtp_dequant.cpu_sglang import prepare_cpu_process
+    from sglang_mtp_dequant.tools.cpu_sglang import prepare_cpu_process
 
     print(describe(), flush=True)
     prepare_cpu_process(os.path.join(FIXTURES, opts.fixtures[0]))

@@ -73,7 +73,7 @@ def quiet_stderr():
 
 def load_once(folder: str, plugin: bool) -> float:
     """One ``load_weights`` of a freshly built draft; seconds of the load alone."""
-    from sglang_mtp_dequant.cpu_sglang import new_draft, sglang_weights
+    from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
 
     config, model = new_draft(folder)
     method = type(model).load_weights
@@ -98,7 +98,7 @@ def doctor_cli(folder: str, log: str) -> float:
 
 
 def measure(folder: str, reps: int, cli_log: str | None) -> dict:
-    from sglang_mtp_dequant.doctor import diagnose
+    from sglang_mtp_dequant.tools.doctor import diagnose
 
     times: dict[str, list[float]] = {"stock": [], "plugin": [], "doctor": [], "plan_only": []}
     load_once(folder, False)  # warm-up of each kind: page cache, first-call costs
@@ -139,13 +139,13 @@ def main() -> int:
             folders[n] = os.path.join(tmp, f"q35moe_{n}_experts")
             written = write_checkpoint(folders[n], MoeShape.tiny(n))
             rows[n] = {"file_tensors": written["tensors"]}
-        from sglang_mtp_dequant.cpu_sglang import prepare_cpu_process
+        from sglang_mtp_dequant.tools.cpu_sglang import prepare_cpu_process
 
         prepare_cpu_process(folders[args.experts[0]])
         from sglang.srt.plugins import load_plugins
 
         load_plugins()
-        from sglang_mtp_dequant.context import registered_targets
+        from sglang_mtp_dequant.serving.context import registered_targets
 
         target = "sglang.srt.models.qwen3_5_mtp.Qwen3_5ForCausalLMMTP.load_weights"
         assert target in registered_targets(), "load_plugins() did not hook the draft class"

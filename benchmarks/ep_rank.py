@@ -40,7 +40,7 @@ import warnings
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from sglang_mtp_dequant.cpu_sglang import (
+    from sglang_mtp_dequant.tools.cpu_sglang import (
         build_draft,
         draft_model_config,
         ensure_torchvision_importable,
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> dict:
 
     sglang_plugins.load_plugins()  # what run_scheduler_process does first
 
-    import sglang_mtp_dequant.plugin as plugin
+    import sglang_mtp_dequant.serving.plugin as plugin
 
     streams = []
 
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> dict:
     )
     par = get_parallel()
 
-    from sglang_mtp_dequant.cpu_sglang import sglang_weights
+    from sglang_mtp_dequant.tools.cpu_sglang import sglang_weights
 
     config = draft_model_config(args.folder)
     model = build_draft(config)

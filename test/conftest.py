@@ -3,7 +3,7 @@
 What is real here: sglang's ``load_plugins()`` (which finds this package through the installed
 ``sglang.srt.plugins`` entry point), its ``HookRegistry``, its ``Qwen3_5ForCausalLMMTP`` and
 ``safetensors_weights_iterator``, and checkpoints written by msmodelslim 26.1.0. What is not:
-the two CPU environment shims of ``sglang_mtp_dequant.cpu_sglang`` (a torchvision operator
+the two CPU environment shims of ``sglang_mtp_dequant.tools.cpu_sglang`` (a torchvision operator
 schema and the CUDA rotary kernel import), which only let sglang import and build on a machine
 without a GPU or NPU; no test runs a forward pass.
 """
@@ -68,13 +68,13 @@ def reference_file(name: str) -> str:
 @pytest.fixture(scope="session")
 def sglang_cpu():
     """Prepare this process like an sglang scheduler and load plugins the way sglang does."""
-    from sglang_mtp_dequant.cpu_sglang import prepare_cpu_process
+    from sglang_mtp_dequant.tools.cpu_sglang import prepare_cpu_process
 
     prepare_cpu_process(fixture_dir("q35_dense_w8a8_dynamic"))
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
-    from sglang_mtp_dequant.context import registered_targets
+    from sglang_mtp_dequant.serving.context import registered_targets
 
     target = "sglang.srt.models.qwen3_5_mtp.Qwen3_5ForCausalLMMTP.load_weights"
     assert target in registered_targets(), "load_plugins() did not run this package's register()"
@@ -91,7 +91,7 @@ def load_draft(sglang_cpu, caplog):
     sglang's own, unwrapped ``load_weights`` (``__wrapped__`` of the hook): exactly what stock
     sglang does.
     """
-    from sglang_mtp_dequant.cpu_sglang import (
+    from sglang_mtp_dequant.tools.cpu_sglang import (
         build_draft,
         draft_model_config,
         publish_context,
@@ -137,10 +137,10 @@ def rmsnorm_restored():
 
 def open_checkpoint(folder: str, wanted=lambda name: "mtp" in name):
     """The plan's view of a checkpoint folder: the files sglang resolves for it, headers."""
-    from sglang_mtp_dequant.checkpoint import Checkpoint
-    from sglang_mtp_dequant.sources import resolve_offline
+    from sglang_mtp_dequant.formats.checkpoint import Checkpoint
+    from sglang_mtp_dequant.tools.resolve import resolve_checkpoint
 
-    return Checkpoint.open(resolve_offline(folder), wanted=wanted)
+    return Checkpoint.open(resolve_checkpoint(folder), wanted=wanted)
 
 
 @pytest.fixture

@@ -437,7 +437,7 @@ CASES = {
 
 def spec_of(case: Case):
     """The hooked spec whose ``load_weights`` runs for the case's class."""
-    from sglang_mtp_dequant.drafts import DRAFT_SPECS
+    from sglang_mtp_dequant.serving.drafts import DRAFT_SPECS
 
     return next(
         s for s in DRAFT_SPECS if case.class_path in (s.target.rsplit(".", 1)[0], *s.inherited_by)
@@ -476,7 +476,7 @@ def draft_case(sglang_cpu, tmp_path, caplog):
     import logging
 
     from reference import write_modelslim_checkpoint
-    from sglang_mtp_dequant.cpu_sglang import build_draft_class, path_weights, publish_context
+    from sglang_mtp_dequant.tools.cpu_sglang import build_draft_class, path_weights, publish_context
 
     caplog.set_level(logging.INFO)
 
@@ -509,7 +509,7 @@ def draft_case(sglang_cpu, tmp_path, caplog):
 def audits(monkeypatch):
     """Every guard check the hook runs, with the write record it judged: proof that the
     completeness audit and the value guard ran on a load, and what they saw."""
-    from sglang_mtp_dequant import plugin
+    from sglang_mtp_dequant.serving import plugin
 
     seen: list[dict] = []
     original = plugin.check_loaded_draft

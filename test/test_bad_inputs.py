@@ -107,7 +107,7 @@ def test_scheme_the_plugin_does_not_decode(load_draft, copy_checkpoint):
 
 def test_refused_before_any_parameter_is_written(load_draft, copy_checkpoint, sglang_cpu):
     """The plan is checked before streaming: a refused load writes nothing into the draft."""
-    from sglang_mtp_dequant.cpu_sglang import new_draft, sglang_weights
+    from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
 
     folder = copy_checkpoint(NAME)
     edit_shard(folder, lambda t: t.pop("mtp.layers.0.mlp.down_proj.weight_scale"))
@@ -122,7 +122,7 @@ def test_refused_before_any_parameter_is_written(load_draft, copy_checkpoint, sg
 
 def test_integer_draft_weight_with_no_plan_is_refused_in_the_stream():
     """No plan (the files sglang streams could not be found): integer codes still stop."""
-    from sglang_mtp_dequant.stream import DequantizingStream
+    from sglang_mtp_dequant.serving.stream import DequantizingStream
 
     stream = DequantizingStream(lambda: None, torch.bfloat16, lambda n: n.startswith("mtp."))
     weights = [
@@ -181,7 +181,7 @@ def test_companion_of_an_undefined_dtype_is_refused(
 def test_two_stage_second_scale_of_an_undefined_dtype_is_refused(sglang_cpu, copy_checkpoint):
     """The V0 two-stage W4A8 fixture (a Qwen3 checkpoint: planned, not built here)."""
     from conftest import open_checkpoint
-    from sglang_mtp_dequant.plan import DequantPlan
+    from sglang_mtp_dequant.formats.plan import DequantPlan
 
     folder = copy_checkpoint(TWO_STAGE)
     shard = next(f for f in sorted(os.listdir(folder)) if f.endswith(".safetensors"))

@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from conftest import fixture_dir
 from draft_cases import CASES, Layout, expected
 from sglang_mtp_dequant.errors import DraftWeightError
-from sglang_mtp_dequant.guard import MODE_ENV, MisloadedDraftError
+from sglang_mtp_dequant.serving.guard import MODE_ENV, MisloadedDraftError
 
 DENSE = "q35_dense_w8a8_dynamic"
 FLOAT = "q35_dense_float_mtp"
@@ -100,7 +100,7 @@ def refused_load(load, *args, **kwargs) -> MisloadedDraftError:
 def assert_doctor_agrees(folder: str, error: MisloadedDraftError) -> None:
     """The doctor's dry run (headers only, the class on the meta device) finds what the load
     found: the same unfilled parameters with the same parts, the same skipped names."""
-    from sglang_mtp_dequant.doctor import diagnose
+    from sglang_mtp_dequant.tools.doctor import diagnose
 
     report = diagnose(folder)
     assert report.dry_run.endswith("on the meta device"), report.dry_run
@@ -215,7 +215,7 @@ def test_compressed_tensors_packed_projection_is_refused_before_any_write(
     """A compressed-tensors W4A16 projection (int32 ``weight_packed``, ``weight_scale``,
     int64 ``weight_shape``) in an unquantized draft: integer tensors nobody can decode are
     refused when the plan is made, naming the tensor; the doctor refuses the same tensor."""
-    from sglang_mtp_dequant.doctor import diagnose
+    from sglang_mtp_dequant.tools.doctor import diagnose
 
     o = f"{ATTN}.o_proj"
     folder = edit_checkpoint(
@@ -336,9 +336,9 @@ def test_the_declaration_is_what_leaves_lm_head_out(sglang_cpu):
     """The same complete load recorded with and without the declared ``from_target``:
     without it, ``lm_head.weight`` is reported as never written (it really is not), so the
     declaration, not luck, keeps it out of the audit."""
-    from sglang_mtp_dequant.cpu_sglang import new_draft, sglang_weights
-    from sglang_mtp_dequant.drafts import spec_for_architecture
-    from sglang_mtp_dequant.guard import WriteRecorder
+    from sglang_mtp_dequant.serving.drafts import spec_for_architecture
+    from sglang_mtp_dequant.serving.guard import WriteRecorder
+    from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
 
     folder = fixture_dir(FLOAT)
     spec = spec_for_architecture("Qwen3_5ForConditionalGeneration")

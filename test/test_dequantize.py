@@ -24,7 +24,7 @@ import math
 import pytest
 import torch
 
-from sglang_mtp_dequant.schemes.affine import AffineDecoder, dequantize
+from sglang_mtp_dequant.formats.schemes.affine import AffineDecoder, dequantize
 
 F32 = torch.float32
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)

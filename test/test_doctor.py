@@ -18,10 +18,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import DENSE_W8, fixture_dir
-from sglang_mtp_dequant.cli import main
-from sglang_mtp_dequant.context import sglang_version
-from sglang_mtp_dequant.doctor import STOCK_LOUD, STOCK_SILENT, STOCK_UNKNOWN, diagnose
 from sglang_mtp_dequant.errors import DraftWeightError
+from sglang_mtp_dequant.serving.context import sglang_version
+from sglang_mtp_dequant.tools.cli import main
+from sglang_mtp_dequant.tools.doctor import diagnose
+from sglang_mtp_dequant.tools.doctor.analysis import STOCK_LOUD, STOCK_SILENT, STOCK_UNKNOWN
 
 Q35 = (*DENSE_W8, "q35moe_w8a8_dynamic", "q35_dense_float_mtp", "q35_dense_w4a8_dynamic")
 

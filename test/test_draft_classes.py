@@ -41,8 +41,8 @@ INHERITING_CLASSES = {f"{MODELS}.qwen4_exp_mtp.Qwen4ExpForCausalLMMTP"}
 
 
 def test_every_draft_class_has_its_load_weights_hooked_once(sglang_cpu):
-    from sglang_mtp_dequant.context import registered_targets
-    from sglang_mtp_dequant.drafts import DRAFT_SPECS
+    from sglang_mtp_dequant.serving.context import registered_targets
+    from sglang_mtp_dequant.serving.drafts import DRAFT_SPECS
 
     specs = {spec.target.rsplit(".", 1)[0]: spec for spec in DRAFT_SPECS}
     assert set(specs) == HOOKED_CLASSES
@@ -78,7 +78,7 @@ def test_draft_class_loads_dequantized(draft_case, audits, case_id, caplog, monk
     filled with before the load is gone from every audited parameter, so
     "complete" is true, not just claimed. Only the declared target-shared parameters (embedding,
     lm_head: ``DraftSpec.from_target``) are left out of the audit, and only they keep NaN."""
-    from sglang_mtp_dequant.guard import MODE_ENV
+    from sglang_mtp_dequant.serving.guard import MODE_ENV
 
     monkeypatch.delenv(MODE_ENV, raising=False)
     case = CASES[case_id]

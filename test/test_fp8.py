@@ -26,8 +26,8 @@ from safetensors.torch import load_file, save_file
 from conftest import fixture_dir, reference_file
 from reference import DENSE_PROJECTIONS, load_all
 from sglang_mtp_dequant.errors import DraftWeightError
-from sglang_mtp_dequant.guard import MODE_ENV
-from sglang_mtp_dequant.guard.values import code_evidence
+from sglang_mtp_dequant.serving.guard import MODE_ENV
+from sglang_mtp_dequant.serving.guard.values import code_evidence
 
 BLOCK = 128
 FLOAT = "q35_dense_float_mtp"
@@ -306,7 +306,7 @@ def test_scaled_fp8_draft_dequantizes_bit_exact(load_draft, tmp_path, layout, ca
     (("block", "FP8_BLOCK", "weight_scale_inv"), ("channel", "FP8", "weight_scale")),
 )
 def test_doctor_plans_fp8_and_sees_every_parameter_filled(tmp_path, kind, scheme, suffix):
-    from sglang_mtp_dequant.doctor import diagnose
+    from sglang_mtp_dequant.tools.doctor import diagnose
 
     quantize = block_quantize if kind == "block" else (lambda w: scaled_quantize(w, "channel"))
     folder, codes = fp8_from_fixture(str(tmp_path / kind), FLOAT, quantize, suffix)
@@ -321,7 +321,7 @@ def test_doctor_plans_fp8_and_sees_every_parameter_filled(tmp_path, kind, scheme
 
 
 def test_doctor_refuses_the_float8_weight_without_scale(tmp_path):
-    from sglang_mtp_dequant.doctor import diagnose
+    from sglang_mtp_dequant.tools.doctor import diagnose
 
     folder, _ = fp8_from_fixture(str(tmp_path / "fp8"), FLOAT, block_quantize, "weight_scale_inv")
     path = os.path.join(folder, "model.safetensors")

@@ -26,15 +26,20 @@ from safetensors.torch import load_file, save_file
 from conftest import DENSE_W8, MODELSLIM, REFERENCE, fixture_dir, open_checkpoint
 from reference import DENSE_PROJECTIONS
 from sglang_mtp_dequant.errors import DraftWeightError
-from sglang_mtp_dequant.guard import (
+from sglang_mtp_dequant.serving.guard import (
     MODE_ENV,
     MisloadedDraftError,
     WriteRecorder,
     check_loaded_draft,
     inspect_parameters,
 )
-from sglang_mtp_dequant.guard.report import Finding, Source, SourceIndex, sources_from_checkpoint
-from sglang_mtp_dequant.guard.values import (
+from sglang_mtp_dequant.serving.guard.report import (
+    Finding,
+    Source,
+    SourceIndex,
+    sources_from_checkpoint,
+)
+from sglang_mtp_dequant.serving.guard.values import (
     FLOAT8,
     FORMATS,
     FP4,
@@ -379,8 +384,8 @@ class PassThrough:
 def _recorded_stock_load(folder: str):
     """Build the fixture's draft and load it with sglang's own load_weights, recording the
     writes as the hook does, and return what ``check_loaded_draft`` takes."""
-    from sglang_mtp_dequant.cpu_sglang import new_draft, sglang_weights
-    from sglang_mtp_dequant.drafts import spec_for_architecture
+    from sglang_mtp_dequant.serving.drafts import spec_for_architecture
+    from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
 
     config, model = new_draft(folder)
     spec = spec_for_architecture("Qwen3_5ForConditionalGeneration")

@@ -51,9 +51,9 @@ def stream_through_plugin(folder: str, dtype: torch.dtype) -> dict[str, torch.Te
     """The hook's transform, fed by sglang's DefaultModelLoader stream; every tensor counts as
     draft (these V0 fixtures are whole Qwen3 layers: there is no Qwen3 draft class to build)."""
     from conftest import open_checkpoint
-    from sglang_mtp_dequant.cpu_sglang import path_weights
-    from sglang_mtp_dequant.plan import DequantPlan
-    from sglang_mtp_dequant.stream import DequantizingStream
+    from sglang_mtp_dequant.formats.plan import DequantPlan
+    from sglang_mtp_dequant.serving.stream import DequantizingStream
+    from sglang_mtp_dequant.tools.cpu_sglang import path_weights
 
     plan = DequantPlan.build(open_checkpoint(folder, wanted=lambda name: True))
     plan.raise_first_error()
@@ -286,7 +286,7 @@ def test_packed_w4a16_without_version_is_refused_at_decode(tmp_path):
 
 def test_nonzero_w4a8_offset_is_refused(tmp_path):
     from conftest import open_checkpoint
-    from sglang_mtp_dequant.plan import DequantPlan
+    from sglang_mtp_dequant.formats.plan import DequantPlan
 
     folder = str(tmp_path / "offset")
     shutil.copytree(fixture_dir(W4A8_V1), folder)

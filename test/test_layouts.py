@@ -129,9 +129,9 @@ def test_plan_reads_headers_and_companions_only(
     the companions its formulas use (never a weight), each file opened once however many
     companions it holds (here spread over two shards: weight_scale / deq_scale in one, the
     other companions with the weights in the other)."""
-    import sglang_mtp_dequant.checkpoint as checkpoint
+    import sglang_mtp_dequant.formats.checkpoint as checkpoint
     from conftest import open_checkpoint
-    from sglang_mtp_dequant.plan import DequantPlan
+    from sglang_mtp_dequant.formats.plan import DequantPlan
 
     folder = copy_checkpoint(name)
     resplit(folder, lambda n: n.endswith(("weight_scale", "deq_scale")))

@@ -275,8 +275,8 @@ def test_decoding_never_allocates_a_full_fp32_copy():
     below the fp32 size of the tensor (the bf16 result itself is half of it)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from sglang_mtp_dequant.checkpoint import TensorInfo
-    from sglang_mtp_dequant.schemes import scheme_for
+    from sglang_mtp_dequant.formats.checkpoint import TensorInfo
+    from sglang_mtp_dequant.formats.schemes import scheme_for
 
     experts, out, hidden = 8, 512, 1024
     codes = torch.randint(-128, 128, (experts, out // 2, hidden), dtype=torch.int8)
@@ -295,9 +295,9 @@ def test_decoding_never_allocates_a_full_fp32_copy():
 def test_stream_holds_no_decoded_tensor_after_yielding():
     """The transform is lazy: each decoded tensor is released once sglang's loader drops it."""
     from conftest import open_checkpoint
-    from sglang_mtp_dequant.cpu_sglang import path_weights
-    from sglang_mtp_dequant.plan import DequantPlan
-    from sglang_mtp_dequant.stream import DequantizingStream
+    from sglang_mtp_dequant.formats.plan import DequantPlan
+    from sglang_mtp_dequant.serving.stream import DequantizingStream
+    from sglang_mtp_dequant.tools.cpu_sglang import path_weights
 
     folder = fixture_dir(MOE)
     is_draft = lambda name: name.startswith("mtp.")  # noqa: E731

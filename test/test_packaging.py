@@ -70,7 +70,7 @@ def _module_imports() -> dict[str, set[str]]:
 
 def test_no_import_cycle_in_the_package():
     graph = _module_imports()
-    assert "plugin" in graph and "context" in graph
+    assert "serving.plugin" in graph and "formats.plan" in graph
     state: dict[str, int] = {}
 
     def visit(module: str, path: list[str]) -> None:
@@ -89,16 +89,119 @@ def test_no_import_cycle_in_the_package():
             visit(module, [module])
 
 
-def test_the_plugin_does_not_reach_the_cli_and_context_imports_nothing():
+#: tier -> the tiers its modules may import (``errors`` is shared by every tier)
+TIERS = {
+    "formats": {"formats"},
+    "serving": {"formats", "serving"},
+    "tools": {"formats", "serving", "tools"},
+}
+
+
+def _tier(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_each_tier_imports_only_the_tiers_below_it():
+    """formats (checkpoint knowledge) <- serving (inside sglang) <- tools (the CLI)."""
     graph = _module_imports()
-    reached, todo = set(), ["plugin"]
+    tiers = {_tier(m) for m in graph} - {"", "errors"}
+    assert tiers == set(TIERS), tiers
+    for module, targets in graph.items():
+        if _tier(module) not in TIERS:
+            continue
+        for target in targets:
+            if _tier(target) in ("", "errors"):
+                continue
+            assert _tier(target) in TIERS[_tier(module)], f"{module} imports {target}"
+
+
+def test_the_plugin_does_not_reach_the_cli():
+    graph = _module_imports()
+    reached, todo = set(), ["serving.plugin"]
     while todo:
         module = todo.pop()
         for target in graph[module] - reached:
             reached.add(target)
             todo.append(target)
-    assert not reached & {"cli", "doctor", "verify", "dryrun"}, sorted(reached)
-    assert graph["context"] == set()
+    assert not {m for m in reached if _tier(m) == "tools"}, sorted(reached)
+
+
+def _imported_names(path: str) -> set[str]:
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module or "")
+    return names
+
+
+def test_formats_import_no_sglang():
+    """The checkpoint/format core stands alone (the feature branch takes its arithmetic)."""
+    for folder, _, files in os.walk(os.path.join(PACKAGE, "formats")):
+        for file in (f for f in files if f.endswith(".py")):
+            names = _imported_names(os.path.join(folder, file))
+            assert not [n for n in names if n.split(".")[0] == "sglang"], (file, names)
+
+
+def test_sglangs_private_names_are_spelled_only_in_the_ledger():
+    """Every private sglang name the package touches is one entry of serving/sglang_private.py;
+    no other module spells one (an sglang upgrade is a review of one file)."""
+    import re
+
+    from sglang_mtp_dequant.serving.sglang_private import LEDGER
+
+    ledger = os.path.join(PACKAGE, "serving", "sglang_private.py")
+    spelled = {
+        "_prepare_weights", "_maybe_download_from_modelscope", "_get_all_weights",
+        "_get_weights_iterator", "_initialize_model", "_get_quantization_config", "_patched",
+        "_launch_scheduler_processes", "_map_global_expert_id_to_local_expert_id",
+        "_sglang_require_global_experts", "runtime_context",
+    }  # fmt: skip
+    for name in spelled:
+        assert any(name in entry.name for entry in LEDGER), f"{name} has no ledger entry"
+    for entry in LEDGER:
+        assert entry.why and entry.how and entry.read_in and entry.remove_when, entry.name
+    word = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(spelled) + r")(?![A-Za-z0-9_])")
+    for folder, _, files in os.walk(PACKAGE):
+        for file in (f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, file)
+            if path != ledger:
+                hits = _private_spellings(path, spelled, word)
+                assert not hits, f"{os.path.relpath(path, PACKAGE)} spells {hits}"
+
+
+def _private_spellings(path: str, spelled: set[str], word) -> list[str]:
+    """Attribute accesses, imports and (non-docstring) strings of ``path`` naming ``spelled``."""
+    import ast
+
+    tree = ast.parse(open(path).read())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in spelled:
+            hits.append(node.attr)
+        elif isinstance(node, ast.ImportFrom) and node.module and word.search(node.module):
+            hits.append(node.module)
+        elif isinstance(node, ast.alias) and word.search(node.name):
+            hits.append(node.name)
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and word.search(node.value)
+        ):
+            hits.append(node.value)
+    return hits
 
 
 def test_third_party_imports_are_in_sglangs_npu_install():

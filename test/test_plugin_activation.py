@@ -11,7 +11,7 @@ import sys
 import torch
 
 from conftest import fixture_dir
-from sglang_mtp_dequant.drafts import DraftSpec, mtp_prefix
+from sglang_mtp_dequant.serving.drafts import DraftSpec, mtp_prefix
 
 
 def test_entry_point_is_installed_in_sglang_plugin_group():
@@ -19,7 +19,7 @@ def test_entry_point_is_installed_in_sglang_plugin_group():
 
     found = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "mtp_dequant"]
     assert len(found) == 1
-    assert found[0].value == "sglang_mtp_dequant.plugin:register"
+    assert found[0].value == "sglang_mtp_dequant.serving.plugin:register"
     assert found[0].dist.name == "sglang-mtp-dequant"
 
 
@@ -34,7 +34,7 @@ def test_load_plugins_wrapped_the_draft_class(sglang_cpu):
 def test_register_twice_hooks_once(sglang_cpu):
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sglang_mtp_dequant.plugin import register
+    from sglang_mtp_dequant.serving.plugin import register
 
     before = len(HookRegistry._hooks[sglang_cpu])
     register()
@@ -42,8 +42,8 @@ def test_register_twice_hooks_once(sglang_cpu):
 
 
 def test_missing_hook_target_warns_with_sglang_version(sglang_cpu, caplog):
-    from sglang_mtp_dequant.context import sglang_version
-    from sglang_mtp_dequant.plugin import register
+    from sglang_mtp_dequant.serving.context import sglang_version
+    from sglang_mtp_dequant.serving.plugin import register
 
     spec = DraftSpec(
         target="sglang.srt.models.qwen3_5_mtp.NoSuchDraftClass.load_weights",
@@ -78,7 +78,7 @@ def test_unimportable_hook_target_is_reported_with_its_own_error(
 ):
     """pkgutil.resolve_name would say "module ... has no attribute ..."; the WARNING must carry
     the exception the module itself raised."""
-    from sglang_mtp_dequant.plugin import register
+    from sglang_mtp_dequant.serving.plugin import register
 
     package = tmp_path / "brokenmodels"
     package.mkdir()
@@ -99,7 +99,7 @@ def test_unimportable_hook_target_is_reported_with_its_own_error(
 def test_float_mtp_checkpoint_loads_bit_identical_and_silent(sglang_cpu, caplog):
     """Nothing quantized in the draft: the plugin changes no bit and logs no line (the
     completeness audit and the value guard ran, silently)."""
-    from sglang_mtp_dequant.cpu_sglang import (
+    from sglang_mtp_dequant.tools.cpu_sglang import (
         build_draft,
         draft_model_config,
         publish_context,
@@ -136,7 +136,7 @@ def test_quantized_draft_requested_is_left_to_sglang(
     """
     from sglang.srt.layers.quantization.modelslim.modelslim import ModelSlimConfig
 
-    from sglang_mtp_dequant.cpu_sglang import (
+    from sglang_mtp_dequant.tools.cpu_sglang import (
         build_draft_class,
         draft_model_config,
         publish_context,
@@ -170,7 +170,7 @@ def test_sglang_plugins_whitelist_switches_it_off(tmp_path):
     script = (
         "import logging\n"
         "logging.basicConfig(level=logging.INFO)\n"
-        "from sglang_mtp_dequant.cpu_sglang import ensure_torchvision_importable\n"
+        "from sglang_mtp_dequant.tools.cpu_sglang import ensure_torchvision_importable\n"
         "ensure_torchvision_importable()\n"
         "from sglang.srt.plugins import load_plugins\n"
         "load_plugins()\n"

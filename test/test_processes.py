@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 
 if __name__ == "__main__":  # the launcher: CPU-only torchvision shim before sglang imports
-    from sglang_mtp_dequant.cpu_sglang import ensure_torchvision_importable
+    from sglang_mtp_dequant.tools.cpu_sglang import ensure_torchvision_importable
 
     ensure_torchvision_importable()
 
@@ -59,7 +59,7 @@ def process_report() -> dict:
     import sglang.srt.plugins as sglang_plugins
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sglang_mtp_dequant.ray_setup import inactive_targets
+    from sglang_mtp_dequant.serving.ray_setup import inactive_targets
 
     report = {
         "pid": os.getpid(),
@@ -127,7 +127,7 @@ def write_probe_site(folder: str) -> str:
             "if '--multiprocessing-fork' in sys.argv or any(\n"
             "    a.endswith('default_worker.py') for a in sys.argv\n"
             "):\n"
-            "    from sglang_mtp_dequant.cpu_sglang import ensure_torchvision_importable\n"
+            "    from sglang_mtp_dequant.tools.cpu_sglang import ensure_torchvision_importable\n"
             "    ensure_torchvision_importable()\n"
         )
     return folder

@@ -12,7 +12,7 @@ real SchedulerActor asks for ``num_gpus=1``; nothing uses a GPU):
 1. Ray already initialized without the setup hook: the launch guard must refuse before any
    actor is created;
 2. Ray not initialized (as under ``launch_server --use-ray``): the guard initializes Ray with
-   ``sglang_mtp_dequant.ray_setup.setup`` as the job's worker setup hook; sglang creates its
+   ``sglang_mtp_dequant.serving.ray_setup.setup`` as the job's worker setup hook; sglang creates its
    real ``SchedulerActor``, which must report the plugin active in its own process;
 3. on that same job (Ray initialized, with the hook, as after a user's own
    ``ray.init(runtime_env=...)``) the guard must let the launch go ahead.
@@ -40,7 +40,7 @@ import tempfile
 import time
 
 if __name__ == "__main__":  # the driver: CPU-only torchvision shim before sglang imports
-    from sglang_mtp_dequant.cpu_sglang import ensure_torchvision_importable
+    from sglang_mtp_dequant.tools.cpu_sglang import ensure_torchvision_importable
 
     ensure_torchvision_importable()
 
@@ -58,7 +58,7 @@ from test_processes import (
 
 pytestmark = pytest.mark.slow  # spawns processes (see pyproject.toml)
 
-SETUP_HOOK = "sglang_mtp_dequant.ray_setup.setup"
+SETUP_HOOK = "sglang_mtp_dequant.serving.ray_setup.setup"
 LAUNCH_TARGET = "sglang.srt.ray.engine.RayEngine._launch_scheduler_processes"
 DRIVER_TIMEOUT = 600.0  # a hang guard, not a speed limit (shared CI machines)
 SUBPROCESS_TIMEOUT = 600.0
@@ -84,7 +84,7 @@ def driver_main(argv: list[str]) -> None:
     from sglang.srt.runtime_context import publish
     from sglang.srt.server_args import PortArgs, ServerArgs
 
-    from sglang_mtp_dequant.ray_setup import PluginNotInRayWorkersError
+    from sglang_mtp_dequant.serving.ray_setup import PluginNotInRayWorkersError
 
     server_args = ServerArgs(use_ray=True, **server_args_kwargs(tp=1))
     server_args.resolve_once()
@@ -115,7 +115,7 @@ def driver_main(argv: list[str]) -> None:
     result["driver"] = process_report()
     # 3. the same job (Ray initialized, with the hook): what a driver that ran
     #    ray.init(runtime_env={"worker_process_setup_hook": ...}) itself gets: accepted
-    from sglang_mtp_dequant.ray_setup import guard_ray_launch
+    from sglang_mtp_dequant.serving.ray_setup import guard_ray_launch
 
     try:
         guard_ray_launch(RayEngine, server_args, port_args, run_scheduler_process)
@@ -175,11 +175,11 @@ class Child:
 
 
 SETUP_IN_FRESH_INTERPRETER = (
-    "from sglang_mtp_dequant.cpu_sglang import ensure_torchvision_importable\n"
+    "from sglang_mtp_dequant.tools.cpu_sglang import ensure_torchvision_importable\n"
     "ensure_torchvision_importable()\n"
     "import sglang.srt.plugins as p\n"
     "assert not p._plugins_loaded\n"
-    "from sglang_mtp_dequant.ray_setup import setup\n"
+    "from sglang_mtp_dequant.serving.ray_setup import setup\n"
     "setup()\n"
     "print('SETUP RETURNED')\n"
 )
@@ -255,7 +255,7 @@ def test_ray_initialized_without_the_hook_is_refused_before_any_actor(ray_run):
 
 
 def test_guard_initializes_ray_with_the_setup_hook(ray_run):
-    from sglang_mtp_dequant.ray_setup import setup_hook_of
+    from sglang_mtp_dequant.serving.ray_setup import setup_hook_of
 
     assert setup_hook_of(ray_run["job_runtime_env"]) == SETUP_HOOK
 
@@ -290,7 +290,7 @@ def test_float_draft_or_no_draft_needs_no_activation():
     """The guard stays out of launches the plugin has nothing to do for."""
     from types import SimpleNamespace
 
-    from sglang_mtp_dequant.ray_setup import draft_may_need_plugin
+    from sglang_mtp_dequant.serving.ray_setup import draft_may_need_plugin
 
     float_mtp = os.path.join(os.path.dirname(FIXTURE), "q35_dense_float_mtp")
     assert draft_may_need_plugin(SimpleNamespace(speculative_algorithm=None)) is False
@@ -333,7 +333,7 @@ def test_nextn_draft_named_after_the_layer_count_needs_activation(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from sglang_mtp_dequant.ray_setup import draft_may_need_plugin
+    from sglang_mtp_dequant.serving.ray_setup import draft_may_need_plugin
 
     for dtype, expected in ((torch.int8, True), (torch.bfloat16, False)):
         folder = tmp_path / str(dtype).replace("torch.", "")

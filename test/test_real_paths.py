@@ -129,7 +129,7 @@ def plugin_records(caplog, level: str | None = None) -> list[logging.LogRecord]:
 def assert_planned_from(caplog, name: str, folder: str) -> None:
     """sglang streamed from ``folder``; the plugin's one INFO line names it (a float draft,
     with nothing to dequantize, gets no line at all); no WARNING from the plugin."""
-    from sglang_mtp_dequant.context import weight_sources
+    from sglang_mtp_dequant.serving.context import weight_sources
 
     assert not plugin_records(caplog, "WARNING"), [r.getMessage() for r in caplog.records]
     assert weight_sources()[-1].folder == folder  # what sglang resolved and streamed
@@ -281,7 +281,7 @@ def test_snapshot_path(load_draft, hub, tmp_path, caplog, name):
 def test_draft_path_is_a_hub_id(load_draft, hub, tmp_path, caplog):
     """``--speculative-draft-model-path acme/x`` beside a float target folder: the plan comes
     from the draft's snapshot, not the target's files."""
-    from sglang_mtp_dequant.context import draft_launch
+    from sglang_mtp_dequant.serving.context import draft_launch
 
     target = tmp_path / "target"
     shutil.copytree(fixture_dir("q35_dense_float_mtp"), target)
@@ -310,7 +310,7 @@ def test_revision_picks_the_commit(two_revisions):
     """sglang's resolution of --revision: a branch through refs/, a commit hash directly."""
     from huggingface_hub import scan_cache_dir
 
-    from sglang_mtp_dequant.sources import resolve_offline
+    from sglang_mtp_dequant.tools.resolve import resolve_checkpoint
 
     repo, main, v2 = two_revisions
     cache = os.path.dirname(os.path.dirname(os.path.dirname(main)))
@@ -325,7 +325,7 @@ def test_revision_picks_the_commit(two_revisions):
         (os.path.basename(v2), v2),
         (os.path.basename(main), main),
     ):
-        source = resolve_offline(repo, revision=revision)
+        source = resolve_checkpoint(repo, revision=revision)
         assert source.folder == snapshot, revision
         assert source.files == (os.path.join(snapshot, SHARD),)
 
@@ -352,14 +352,14 @@ def test_not_cached_is_a_clear_error_without_network(
     two_revisions, tmp_path, repo, revision, in_download_dir
 ):
     """What is not in the local cache is an error naming the path (and the --download-dir
-    looked in), from resolve_offline and from the doctor, and nothing asks the network."""
-    from sglang_mtp_dequant.doctor import diagnose
+    looked in), from resolve_checkpoint and from the doctor, and nothing asks the network."""
     from sglang_mtp_dequant.errors import CheckpointFormatError
-    from sglang_mtp_dequant.sources import resolve_offline
+    from sglang_mtp_dequant.tools.doctor import diagnose
+    from sglang_mtp_dequant.tools.resolve import resolve_checkpoint
 
     download_dir = str(tmp_path / "download-dir") if in_download_dir else None
     with pytest.raises(CheckpointFormatError) as caught:
-        resolve_offline(repo, revision=revision, download_dir=download_dir)
+        resolve_checkpoint(repo, revision=revision, download_dir=download_dir)
     assert caught.value.file == repo
     assert "sglang found no local copy of it as a hub model" in caught.value.problem
     assert (f"(nor in --download-dir {download_dir})" in caught.value.problem) == in_download_dir
@@ -418,9 +418,9 @@ def test_stray_file_not_in_model_safetensors_index(
     """sglang streams only the files ``model.safetensors.index.json`` lists: a stray
     ``*.safetensors`` beside them (here a conflicting copy of an MTP tensor) is not streamed,
     so the plan must not read it either."""
-    from sglang_mtp_dequant.checkpoint import Checkpoint
-    from sglang_mtp_dequant.context import WeightSource, weight_sources
     from sglang_mtp_dequant.errors import CheckpointFormatError
+    from sglang_mtp_dequant.formats.checkpoint import Checkpoint
+    from sglang_mtp_dequant.serving.context import WeightSource, weight_sources
 
     planned: list[WeightSource] = []  # what the plugin's plan opened during the load
     real_open = Checkpoint.open.__func__
@@ -481,8 +481,8 @@ def test_modelscope_model_id_resolved_by_sglang(modelscope_home, tmp_path, monke
     ModelScope online for the config); the weights stream through sglang's own loader with
     the model id, so sglang's ModelScope resolution is the one exercised.
     """
-    from sglang_mtp_dequant.context import weight_sources
-    from sglang_mtp_dequant.cpu_sglang import new_draft, path_weights
+    from sglang_mtp_dequant.serving.context import weight_sources
+    from sglang_mtp_dequant.tools.cpu_sglang import new_draft, path_weights
 
     caplog.set_level(logging.INFO)
     cache = tmp_path / "ms"
@@ -552,7 +552,7 @@ def located(hub, tmp_path):
 def test_doctor(located, capsys, sglang_log, name, how):
     """The issue's report was ``safetensors files: 0`` on a snapshot: now the snapshot sglang
     resolves is printed, its one shard counted, and the verdict is ok."""
-    from sglang_mtp_dequant.cli import main
+    from sglang_mtp_dequant.tools.cli import main
 
     args, snapshot = located(name, how)
     code = main(["doctor", *args, "--log", sglang_log])
@@ -569,7 +569,7 @@ def test_doctor(located, capsys, sglang_log, name, how):
 @pytest.mark.parametrize("name", SUBSET)
 def test_verify(located, capsys, sglang_log, name, how):
     """verify resolves the same snapshot and finds every compared parameter exact."""
-    from sglang_mtp_dequant.cli import main
+    from sglang_mtp_dequant.tools.cli import main
 
     args, snapshot = located(name, how)
     code = main(["verify", *args, "--log", sglang_log])
@@ -591,7 +591,7 @@ def test_verify(located, capsys, sglang_log, name, how):
 def test_verify_rows_name_the_decoded_checkpoint_tensors(located, sglang_cpu, name):
     """On a snapshot, verify's rows say which checkpoint tensors fed each parameter and
     whether they were codes; the verdict counts the decoded parameters."""
-    from sglang_mtp_dequant.verify import render_verify, run_verify
+    from sglang_mtp_dequant.tools.verify import render_verify, run_verify
 
     args, _ = located(name, "snapshot")
     report = run_verify(args[0])
@@ -644,8 +644,8 @@ def test_fallback_when_sglang_reports_no_files(sglang_cpu, copy_checkpoint, capl
     in one WARNING; a float draft needs no plan and logs nothing."""
     from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
 
-    from sglang_mtp_dequant.context import weight_sources
-    from sglang_mtp_dequant.cpu_sglang import new_draft
+    from sglang_mtp_dequant.serving.context import weight_sources
+    from sglang_mtp_dequant.tools.cpu_sglang import new_draft
 
     folder = copy_checkpoint(name)  # a path sglang has never resolved in this session
     _, model = new_draft(folder)

@@ -15,9 +15,9 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import fixture_dir, open_checkpoint
-from sglang_mtp_dequant.drafts import DRAFT_SPECS
-from sglang_mtp_dequant.plan import DequantPlan
-from sglang_mtp_dequant.stream import DequantizingStream
+from sglang_mtp_dequant.formats.plan import DequantPlan
+from sglang_mtp_dequant.serving.drafts import DRAFT_SPECS
+from sglang_mtp_dequant.serving.stream import DequantizingStream
 
 NAME = "q35_dense_w8a8_dynamic"
 SHARD = "quant_model_weights-00001-of-00001.safetensors"
@@ -120,8 +120,8 @@ def test_no_double_dequant_when_upstream_fix_is_present(load_draft, sglang_cpu):
     """Our transform runs first and hands bf16; the upstream rule only fires on int8."""
     from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
 
-    from sglang_mtp_dequant.cpu_sglang import new_draft, sglang_weights
-    from sglang_mtp_dequant.plugin import make_load_weights_hook
+    from sglang_mtp_dequant.serving.plugin import make_load_weights_hook
+    from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
 
     folder = fixture_dir(NAME)
     expected = dict(load_draft(folder).named_parameters())

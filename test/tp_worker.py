@@ -93,7 +93,7 @@ def run_rank(job: RankJob) -> None:
 
 
 def _run_layouts(job: RankJob) -> None:
-    from sglang_mtp_dequant.cpu_sglang import ensure_torchvision_importable
+    from sglang_mtp_dequant.tools.cpu_sglang import ensure_torchvision_importable
 
     ensure_torchvision_importable()  # CPU-only environment shim (see cpu_sglang.py)
 
@@ -118,7 +118,7 @@ def _run_layouts(job: RankJob) -> None:
 
 def _join_layout(job: RankJob, layout: Layout) -> None:
     """Publish this rank's ServerArgs and join sglang's gloo groups for ``layout``."""
-    from sglang_mtp_dequant.cpu_sglang import join_parallel_world
+    from sglang_mtp_dequant.tools.cpu_sglang import join_parallel_world
 
     join_parallel_world(
         layout.folder,
@@ -136,7 +136,7 @@ def _load_and_save(job: RankJob, tag: str, folder: str) -> None:
     from sglang.srt.distributed import parallel_state
     from sglang.srt.runtime_context import get_parallel
 
-    from sglang_mtp_dequant.cpu_sglang import build_draft, draft_model_config, sglang_weights
+    from sglang_mtp_dequant.tools.cpu_sglang import build_draft, draft_model_config, sglang_weights
 
     par = get_parallel()
     ranks = {
@@ -179,7 +179,7 @@ def _hook_evidence() -> dict:
     from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sglang_mtp_dequant.context import registered_targets
+    from sglang_mtp_dequant.serving.context import registered_targets
 
     hooks = [h for _, h, _ in HookRegistry._hooks.get(HOOK_TARGET, [])]
     return {

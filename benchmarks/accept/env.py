@@ -7,7 +7,7 @@ Why each step:
   waiting costs nothing measurable when the machine is idle. Only a default: an explicit
   setting in the environment wins.
 - PyPI's torchvision wheel is a CUDA build and fails to import beside CPU torch, and
-  transformers imports torchvision. ``sglang_mtp_dequant.cpu_sglang`` holds the one shim the
+  transformers imports torchvision. ``sglang_mtp_dequant.tools.cpu_sglang`` holds the one shim the
   project uses for that (it only acts when the import really fails); calling it here keeps
   the benchmark on the same, documented work-around instead of a second copy.
 """
@@ -27,7 +27,7 @@ def prepare() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     warnings.filterwarnings("ignore")
-    from sglang_mtp_dequant.cpu_sglang import ensure_torchvision_importable
+    from sglang_mtp_dequant.tools.cpu_sglang import ensure_torchvision_importable
 
     ensure_torchvision_importable()
     for name in ("transformers", "sglang", "torch"):

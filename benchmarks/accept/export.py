@@ -26,7 +26,7 @@ import shutil
 import torch
 from safetensors.torch import save_file
 
-from .model import TinyQwen35
+from .model import FULL, LINEAR, TinyQwen35
 
 INCLUDE = ("*self_attn*", "*mlp*")
 EXCLUDE = ("*visual*",)
@@ -39,11 +39,24 @@ def config_json(model: TinyQwen35) -> dict:
     """config.json of the text-only checkpoint (sglang reads the same fields)."""
     raw = model.config.to_dict()
     raw["architectures"] = ["Qwen3_5ForCausalLM"]
-    raw["full_attention_interval"] = 4
+    # sglang 0.5.23 reads the layer pattern from this key, not from ``layer_types``
+    raw["full_attention_interval"] = full_attention_interval(model.spec.layer_types)
     raw["dtype"] = "bfloat16"
     for key in ("id2label", "label2id", "_name_or_path", "transformers_version"):
         raw.pop(key, None)
     return raw
+
+
+def full_attention_interval(layer_types: tuple[str, ...]) -> int:
+    """The period of ``layer_types``' full-attention layers (4 for Qwen3.5's 3:1, 1 for all).
+
+    Raises ValueError for a pattern sglang's ``(layer + 1) % interval == 0`` rule cannot express.
+    """
+    interval = layer_types.index(FULL) + 1
+    expected = tuple(FULL if (i + 1) % interval == 0 else LINEAR for i in range(len(layer_types)))
+    if expected != tuple(layer_types):
+        raise ValueError(f"layer pattern {layer_types} has no full_attention_interval")
+    return interval
 
 
 def float_state_dict(model: TinyQwen35, dtype: torch.dtype = torch.bfloat16) -> dict:

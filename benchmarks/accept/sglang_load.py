@@ -44,13 +44,13 @@ class _Collect(logging.Handler):
 
 def prepare(first_folder: str) -> None:
     """Set the process up like sglang's scheduler and load plugins the way sglang does."""
-    from sglang_mtp_dequant.cpu_sglang import prepare_cpu_process
+    from sglang_mtp_dequant.tools.cpu_sglang import prepare_cpu_process
 
     prepare_cpu_process(first_folder)
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
-    from sglang_mtp_dequant.context import registered_targets
+    from sglang_mtp_dequant.serving.context import registered_targets
 
     if HOOK_TARGET not in registered_targets():
         raise RuntimeError("sglang's load_plugins() did not run sglang_mtp_dequant's register()")
@@ -58,7 +58,7 @@ def prepare(first_folder: str) -> None:
 
 def load(label: str, folder: str, plugin: bool) -> LoadedDraft:
     """One draft load of ``folder`` (the folder is published as sglang's --model-path)."""
-    from sglang_mtp_dequant.cpu_sglang import new_draft, sglang_weights
+    from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
 
     config, model = new_draft(folder)
     if config.dtype != torch.bfloat16:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import DraftWeightError
+from ...errors import DraftWeightError
 
 # Rows are decoded through an fp32 buffer of about this many elements (1 MiB), reused for
 # every block of rows, which stays in cache through the three passes: smaller blocks pay

@@ -7,11 +7,12 @@ Usage::
     # initializes Ray with this package's worker setup hook before the first actor exists.
 
     # A driver that initializes Ray itself passes the hook at job level:
-    ray.init(runtime_env={"worker_process_setup_hook": "sglang_mtp_dequant.ray_setup.setup"})
+    hook = "sglang_mtp_dequant.serving.ray_setup.setup"
+    ray.init(runtime_env={"worker_process_setup_hook": hook})
 
     # ray job submit: the same, in the job's runtime env
     ray job submit --runtime-env-json \\
-        '{"worker_process_setup_hook": "sglang_mtp_dequant.ray_setup.setup"}' \\
+        '{"worker_process_setup_hook": "sglang_mtp_dequant.serving.ray_setup.setup"}' \\
         -- python -m sglang.launch_server --use-ray ...
 
 Why: sglang loads plugins in every process it spawns (``run_scheduler_process`` calls
@@ -45,18 +46,17 @@ import os
 import pkgutil
 from typing import Any
 
-from . import context
-from .checkpoint import Checkpoint
-from .config import CheckpointConfig
-from .context import WeightSource
+from ..formats.checkpoint import Checkpoint, WeightSource
+from ..formats.config import CheckpointConfig
+from . import context, sglang_private
 from .drafts import DRAFT_SPECS
 
 logger = logging.getLogger("sglang_mtp_dequant")
 
 #: what Ray imports and calls in each worker process of the job
-SETUP_HOOK = "sglang_mtp_dequant.ray_setup.setup"
+SETUP_HOOK = "sglang_mtp_dequant.serving.ray_setup.setup"
 #: the driver-side step right before sglang creates its SchedulerActors
-LAUNCH_TARGET = "sglang.srt.ray.engine.RayEngine._launch_scheduler_processes"
+LAUNCH_TARGET = sglang_private.RAY_LAUNCH_TARGET
 #: where Ray keeps a job's setup hook once ray.init has processed the runtime env
 _RAY_HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 #: set by `ray job submit` for the entrypoint driver: the job's config, runtime env included
@@ -98,16 +98,15 @@ def inactive_targets() -> list[str]:
 
     A target this sglang does not have is not listed (no such draft can be built here).
     """
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
     registered = context.registered_targets()
+    applied = sglang_private.patched_targets()
     missing = []
     for spec in DRAFT_SPECS:
         try:
             pkgutil.resolve_name(spec.target)
         except Exception:
             continue
-        if spec.target not in registered or spec.target not in HookRegistry._patched:
+        if spec.target not in registered or spec.target not in applied:
             missing.append(spec.target)
     return missing
 

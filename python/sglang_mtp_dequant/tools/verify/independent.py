@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 import torch
 
-from .. import naming
+from ...formats import naming
 
 
 def _expand(values: torch.Tensor, rows: int, cols: int) -> torch.Tensor | None:

@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import naming
-from .checkpoint import is_code_dtype
-from .errors import DraftWeightError
+from ..errors import DraftWeightError
+from ..formats import naming
+from ..formats.checkpoint import is_code_dtype
+from ..formats.plan import DequantPlan
 from .ownership import ExpertOwnership
-from .plan import DequantPlan
 
 Weights = Iterable[tuple[str, torch.Tensor]]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from .errors import CheckpointFormatError
+from ..errors import CheckpointFormatError
 
 CONFIG_NAME = "config.json"
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")

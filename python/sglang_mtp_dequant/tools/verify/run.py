@@ -12,7 +12,7 @@ checkpoint's architecture (``is_draft_model=True``), then load it through sglang
 ``DefaultModelLoader`` stream (only the file holding the draft's tensors when there is one such
 file, with sglang's own ``allow_patterns_overrides``; else every file):
 
-- **stock**: the class's ``load_weights.__wrapped__``, sglang's method with the hook bypassed;
+- **stock**: the class's ``load_weights`` with the hook bypassed (``plugin.bypassed``);
 - **reference**: the same stock method, fed the checkpoint with every weight the plugin would
   decode replaced by an *independent* dequantization (``independent.py``: whole-tensor fp32
   formulas, rounded once to the draft dtype), so sglang's own stacking and sharding place it;
@@ -29,18 +29,20 @@ lm_head, which it takes from the target, are not compared).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
-from .. import context
-from ..checkpoint import Checkpoint, is_code_dtype
-from ..drafts import DRAFT_SPECS, DraftSpec
-from ..guard import WriteRecorder
-from ..plan import DequantPlan
-from ..sources import resolve_offline
+from ...formats.checkpoint import Checkpoint, is_code_dtype
+from ...formats.plan import DequantPlan
+from ...serving import context
+from ...serving.drafts import DRAFT_SPECS, DraftSpec
+from ...serving.guard import WriteRecorder
+from ...serving.plugin import bypassed
+from ..resolve import resolve_checkpoint
 from .independent import independent_dequantize
 
 Weights = Iterable[tuple[str, torch.Tensor]]
@@ -113,7 +115,7 @@ def run_verify(
     from ..cpu_sglang import build_draft, draft_model_config, prepare_cpu_process, sglang_weights
 
     report = VerifyReport(requested=path, reference=reference)
-    source = resolve_offline(path, download_dir=download_dir, revision=revision)
+    source = resolve_checkpoint(path, download_dir=download_dir, revision=revision)
     report.folder, report.resolved_by = source.folder, source.how
     report.files_total = len(source.files)
     say(f"resolved {path} -> {source.folder} ({source.how})")
@@ -161,25 +163,24 @@ def run_verify(
     def weights() -> Weights:
         return sglang_weights(model_config, model)
 
-    stock_method = type(model).load_weights.__wrapped__
-    say("stock load (load_weights.__wrapped__)")
-    stock = _load(model, spec, stock_method, weights())
+    say("stock load (load_weights with the hook bypassed)")
+    stock = _load(model, spec, weights(), hooked=False)
     report.stock_error = stock.error
     say("reference load (independent dequantization, stock load_weights)")
     unverifiable: set[str] = set()
     decoded = _reference_stream(weights(), plan, companions, model_config.dtype, unverifiable)
-    expected = _load(model, spec, stock_method, decoded)
+    expected = _load(model, spec, decoded, hooked=False)
     if expected.error:
         report.problems.append(f"the reference load failed: {expected.error}")
     floats = None
     if reference is not None:
         say(f"float reference load ({reference})")
         originals = _float_stream(weights(), plan, reference, model_config.dtype)
-        floats = _load(model, spec, stock_method, originals)
+        floats = _load(model, spec, originals, hooked=False)
         if floats.error:
             report.problems.append(f"the float reference load failed: {floats.error}")
     say("plugin load (hooked load_weights)")
-    report.plugin_error = _load(model, spec, type(model).load_weights, weights()).error
+    report.plugin_error = _load(model, spec, weights(), hooked=True).error
     for name, param in model.named_parameters():
         if not _from_target(name, spec):
             row = _row(name, param.detach(), plan, stock, expected, unverifiable)
@@ -208,8 +209,9 @@ def _bytes(params: Iterable[torch.Tensor]) -> int:
     return sum(p.numel() * p.element_size() for p in params)
 
 
-def _load(model: torch.nn.Module, spec: DraftSpec, method, weights: Weights) -> Loaded:
-    """One load into NaN-filled parameters."""
+def _load(model: torch.nn.Module, spec: DraftSpec, weights: Weights, *, hooked: bool) -> Loaded:
+    """One load into NaN-filled parameters, through the class's own ``load_weights`` with the
+    plugin's hook in place (``hooked``) or bypassed (stock sglang)."""
     for name, param in model.named_parameters():
         if param.is_floating_point() and not _from_target(name, spec):
             param.data.fill_(float("nan"))
@@ -217,7 +219,8 @@ def _load(model: torch.nn.Module, spec: DraftSpec, method, weights: Weights) -> 
     is_draft = spec.draft_names(model)
     with WriteRecorder(model, spec.from_target) as writes:
         try:
-            method(model, _observed(weights, writes, is_draft))
+            with contextlib.nullcontext() if hooked else bypassed():
+                model.load_weights(_observed(weights, writes, is_draft))
         except Exception as exc:  # noqa: BLE001 - a load that stops is a finding, reported
             error = f"{type(exc).__name__}: {exc}"
     values = {n: writes.params[n].detach().clone() for n in writes.written_parameters()}

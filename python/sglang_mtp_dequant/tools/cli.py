@@ -24,7 +24,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 
-from .errors import CheckpointFormatError, DraftWeightError
+from ..errors import CheckpointFormatError, DraftWeightError
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -8,70 +8,19 @@ Usage::
     draft.load_weights(sglang_weights(config, draft))    # DefaultModelLoader's own stream
 
 Nothing here changes how sglang loads weights: it is the set-up a CPU-only process needs
-before sglang's model modules import and build at all. Two environment shims are applied,
-each only where the real thing cannot run:
-
-- PyPI's torchvision wheel is a CUDA build; beside CPU torch its import fails with
-  ``operator torchvision::nms does not exist``. Only then, the half-imported modules are
-  dropped and the two operator schemas it needs are defined, so transformers (imported by
-  sglang) can import torchvision. Never done when torchvision imports cleanly.
-- Off CUDA, ``RotaryEmbedding.__init__`` imports ``vllm._custom_ops.rotary_embedding``, a
-  GPU kernel used only in ``forward``. A placeholder module is put in ``sys.modules`` while
-  the model is built and removed afterwards; loading weights never calls it.
+before sglang's model modules import and build at all (the environment shims it applies are
+``cpu_env.py``'s), and sglang's own functions to build a draft and its weight stream, reached
+through the ledger of sglang's private names (``serving/sglang_private.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import socket
-import sys
-import types
-from collections.abc import Iterator
 
 import torch
 
-
-def ensure_torchvision_importable() -> None:
-    """Make ``import torchvision`` work beside CPU torch (see the module docstring)."""
-    try:
-        import torchvision  # noqa: F401
-
-        return
-    except RuntimeError as exc:
-        if "torchvision::nms" not in str(exc):
-            raise
-    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-        del sys.modules[name]
-    lib = torch.library.Library("torchvision", "DEF")  # noqa: F841 - kept alive below
-    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    _KEEP_ALIVE.append(lib)
-    import torchvision  # noqa: F401,F811
-
-
-_KEEP_ALIVE: list[object] = []
-
-
-@contextlib.contextmanager
-def _placeholder_vllm_rotary() -> Iterator[None]:
-    """Satisfy the CUDA-only rotary kernel import during model construction only."""
-    if "vllm._custom_ops" in sys.modules:
-        yield
-        return
-
-    def rotary_embedding(*_args, **_kwargs):
-        raise RuntimeError("vllm rotary kernel placeholder: forward is not supported on CPU")
-
-    vllm = types.ModuleType("vllm")
-    ops = types.ModuleType("vllm._custom_ops")
-    ops.rotary_embedding = rotary_embedding
-    vllm._custom_ops = ops
-    sys.modules["vllm"], sys.modules["vllm._custom_ops"] = vllm, ops
-    try:
-        yield
-    finally:
-        sys.modules.pop("vllm._custom_ops", None)
-        sys.modules.pop("vllm", None)
+from ..serving import sglang_private
+from .cpu_env import ensure_torchvision_importable, placeholder_vllm_rotary
 
 
 def _free_port() -> int:
@@ -103,7 +52,6 @@ def init_world_size_one() -> None:
 
 def publish_context(model_path: str, draft_path: str | None = None, **server_args) -> None:
     """Publish a ServerArgs for ``model_path`` the way sglang's scheduler does."""
-    from sglang.srt.runtime_context import SpawnRanks, publish
     from sglang.srt.server_args import ServerArgs
 
     args = ServerArgs(
@@ -115,7 +63,7 @@ def publish_context(model_path: str, draft_path: str | None = None, **server_arg
     )
     if draft_path is not None:
         args.speculative_draft_model_path = draft_path
-    publish(args, role="test", ranks=SpawnRanks(world_rank=0))
+    sglang_private.publish_server_args(args, role="test", world_rank=0)
 
 
 def join_parallel_world(
@@ -125,7 +73,6 @@ def join_parallel_world(
     scheduler processes: its ServerArgs published with its rank, sglang's own process groups
     joined (``init_distributed_environment`` / ``initialize_model_parallel``)."""
     from sglang.srt.distributed import parallel_state
-    from sglang.srt.runtime_context import SpawnRanks, publish
     from sglang.srt.server_args import ServerArgs
 
     server_args = ServerArgs(
@@ -139,7 +86,7 @@ def join_parallel_world(
     # sglang reads ranks from two places that must agree: the published SpawnRanks (read by
     # VocabParallelEmbedding and FusedMoE) and the torch process group (read by the linear
     # layers); run_scheduler_process publishes world_rank == the torch rank as well
-    publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=rank))
+    sglang_private.publish_server_args(server_args, role="scheduler", world_rank=rank)
     parallel_state.set_custom_all_reduce(False)  # a CUDA-only feature
     parallel_state.init_distributed_environment(
         world_size=world_size,
@@ -163,10 +110,12 @@ def draft_model_config(path: str, revision: str | None = None):
     """sglang's ``ModelConfig`` of the draft for ``path``, as its draft worker builds it
     (``is_draft_model=True`` maps the architecture to the MTP/NextN class)."""
     from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.runtime_context import get_server_args
 
     return ModelConfig.from_server_args(
-        get_server_args(), model_path=path, model_revision=revision, is_draft_model=True
+        sglang_private.published_server_args(),
+        model_path=path,
+        model_revision=revision,
+        is_draft_model=True,
     )
 
 
@@ -174,14 +123,13 @@ def build_draft(model_config, device: str | torch.device = "cpu") -> torch.nn.Mo
     """sglang's own draft class for ``model_config``, built the way ``DefaultModelLoader`` does
     (its quantization config, its dtype), on ``device`` (``"meta"``: shapes only)."""
     from sglang.srt.configs.load_config import LoadConfig
-    from sglang.srt.model_loader.loader import _get_quantization_config, _initialize_model
     from sglang.srt.model_loader.utils import set_default_torch_dtype
 
     load_config = LoadConfig(load_format="auto")
-    quant_config = _get_quantization_config(model_config, load_config)
+    quant_config = sglang_private.quantization_config(model_config, load_config)
     with set_default_torch_dtype(model_config.dtype), torch.device(device):
-        with _placeholder_vllm_rotary():
-            return _initialize_model(model_config, load_config, quant_config)
+        with placeholder_vllm_rotary():
+            return sglang_private.initialize_model(model_config, load_config, quant_config)
 
 
 def sglang_weights(model_config, model: torch.nn.Module, download_dir: str | None = None):
@@ -191,7 +139,7 @@ def sglang_weights(model_config, model: torch.nn.Module, download_dir: str | Non
     from sglang.srt.model_loader.loader import DefaultModelLoader
 
     loader = DefaultModelLoader(LoadConfig(load_format="auto", download_dir=download_dir))
-    return loader._get_all_weights(model_config, model)
+    return sglang_private.all_weights(loader, model_config, model)
 
 
 def path_weights(path: str, revision: str | None = None, download_dir: str | None = None):
@@ -201,7 +149,7 @@ def path_weights(path: str, revision: str | None = None, download_dir: str | Non
     from sglang.srt.model_loader.loader import DefaultModelLoader
 
     loader = DefaultModelLoader(LoadConfig(load_format="auto", download_dir=download_dir))
-    yield from loader._get_weights_iterator(DefaultModelLoader.Source(path, revision))
+    yield from sglang_private.weights_iterator(loader, path, revision)
 
 
 def prepare_cpu_process(model_path: str, draft_path: str | None = None, **server_args) -> None:
@@ -231,5 +179,5 @@ def build_draft_class(
     from sglang.srt.model_loader.utils import set_default_torch_dtype
 
     cls = pkgutil.resolve_name(class_path)
-    with set_default_torch_dtype(dtype), _placeholder_vllm_rotary():
+    with set_default_torch_dtype(dtype), placeholder_vllm_rotary():
         return cls(config, quant_config=quant_config)

@@ -24,8 +24,8 @@ import math
 
 import torch
 
+from ...errors import DraftWeightError
 from ..checkpoint import FLOAT8_DTYPES, TensorInfo
-from ..errors import DraftWeightError
 from .affine import AffineDecoder
 from .base import FLOAT_STORAGE, Scheme, finite, per_row_groups, positive, register_scheme
 

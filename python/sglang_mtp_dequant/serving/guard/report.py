@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..checkpoint import is_code_dtype
-from ..errors import DraftWeightError
-from ..naming import NameIndex
+from ...errors import DraftWeightError
+from ...formats.checkpoint import is_code_dtype
+from ...formats.naming import NameIndex
 from .values import CodeEvidence
 
 MODE_ENV = "SGLANG_MTP_DEQUANT_GUARD"

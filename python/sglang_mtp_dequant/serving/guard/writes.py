@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from ..naming import DEFAULT_PACKED
+from ...formats.naming import DEFAULT_PACKED
+from ..sglang_private import expert_map
 
-_MAP = "_map_global_expert_id_to_local_expert_id"
 _ALL = ("all",)
 
 
@@ -235,8 +235,8 @@ def _arg(args: tuple, kwargs: dict, index: int, *names: str) -> Any:
 
 def _part_reader(module: Any, name: str) -> Callable[[tuple, dict], tuple | None]:
     """How to read, from one weight_loader call, which part of the parameter it wrote."""
-    if module is not None and callable(getattr(module, _MAP, None)):
-        mapping = getattr(module, _MAP)
+    mapping = expert_map(module) if module is not None else None
+    if mapping is not None:
 
         def expert_part(args: tuple, kwargs: dict) -> tuple | None:
             expert = _arg(args, kwargs, 4, "expert_id")
@@ -260,7 +260,7 @@ def _part_reader(module: Any, name: str) -> Callable[[tuple, dict], tuple | None
 def _expected_parts(module: Any, name: str) -> set[tuple] | None:
     """Every part a complete load writes into parameter ``name`` of ``module`` (the owner of
     its weight_loader); None: one write is complete."""
-    if module is not None and callable(getattr(module, _MAP, None)):
+    if module is not None and expert_map(module) is not None:
         last = name.rpartition(".")[2]
         shards = (
             ("w1", "w3") if last.startswith("w13") else ("w2",) if last.startswith("w2") else None

@@ -53,7 +53,7 @@ def render_verify(report: VerifyReport) -> str:
         "not compared), estimated on the meta device before allocating",
         f"  streamed {len(report.files_streamed)} of {report.files_total} weight files (those "
         "holding draft tensors) through sglang's DefaultModelLoader",
-        "  stock     = sglang's load_weights with the hook bypassed (load_weights.__wrapped__)",
+        "  stock     = sglang's load_weights with the hook bypassed",
         "  reference = the same, fed an independent fp32 dequantization rounded once to "
         f"{report.dtype}",
         "  plugin    = load_weights as hooked by sglang.srt.plugins.load_plugins()",

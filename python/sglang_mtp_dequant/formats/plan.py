@@ -20,9 +20,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..errors import CheckpointFormatError, DraftWeightError
 from . import naming
 from .checkpoint import Checkpoint, TensorInfo
-from .errors import CheckpointFormatError, DraftWeightError
 from .schemes import AffineDecoder, Scheme, infer_type, known_types, scheme_for
 
 Action = Literal["dequantize", "keep", "error"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ...errors import DraftWeightError
 from ..checkpoint import TensorInfo
-from ..errors import DraftWeightError
 from .affine import AffineDecoder
 from .base import (
     FLOAT_STORAGE,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .naming import NameRule, mtp_prefix, nextn_layer, nextn_layer_multimodal
+from ..formats.naming import NameRule, mtp_prefix, nextn_layer, nextn_layer_multimodal
 
 
 @dataclass(frozen=True)

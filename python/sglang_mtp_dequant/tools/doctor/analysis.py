@@ -1,4 +1,4 @@
-"""``sglang-mtp-dequant doctor``: what a checkpoint's draft tensors are and what loading does.
+"""What the doctor finds: ``diagnose`` fills a ``Diagnosis`` for one checkpoint path.
 
 Usage::
 
@@ -21,110 +21,15 @@ tensors only (never a weight).
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
-from typing import Any
-
-from .checkpoint import Checkpoint, TensorInfo
-from .config import CheckpointConfig
-from .context import sglang_version
-from .drafts import DraftSpec, spec_for_architecture
-from .errors import CheckpointFormatError
-from .naming import mtp_prefix, split_companion
-from .plan import DequantPlan, PlannedTensor
-from .sources import resolve_offline
-
-#: version of the JSON layout ``Diagnosis.to_json`` writes (2: resolution, coverage)
-SCHEMA_VERSION = 2
-
-
-@dataclass
-class TensorRow:
-    """One draft tensor in the doctor's report."""
-
-    name: str
-    dtype: str
-    shape: list[int]
-    description: str | None
-    scheme: str | None
-    companions: list[str]
-    action: str  # dequantize | keep | error
-    reason: str
-    stock: str
-    problem: str = ""  # the short form of an error reason, for the table
-    hint: str = ""  # what to do about an error, for the grouped notes under the table
-    codes: bool = False  # the header's dtype holds codes (TensorInfo.holds_codes)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "dtype": self.dtype,
-            "shape": self.shape,
-            "description": self.description,
-            "scheme": self.scheme,
-            "companions": self.companions,
-            "action": self.action,
-            "reason": self.reason,
-            "stock": self.stock,
-        }
-
-
-@dataclass
-class Diagnosis:
-    """The doctor's whole answer for one checkpoint."""
-
-    requested: str
-    folder: str = ""
-    resolved_by: str = ""
-    architecture: str | None = None
-    draft_class: str | None = None
-    hooked: bool = False
-    draft_dtype: str = "bfloat16"
-    description_file: str | None = None
-    files: int = 0
-    stock: str = ""
-    problems: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    tensors: list[TensorRow] = field(default_factory=list)
-    #: from the dry run: parameter -> the parts no checkpoint tensor fills; names it skips
-    unfilled: dict[str, str] = field(default_factory=dict)
-    skipped: list[str] = field(default_factory=list)
-    dry_run: str = ""  # which class was dry-run, or why none was
-
-    @property
-    def verdict(self) -> str:
-        if self.problems or self.unfilled or any(t.action == "error" for t in self.tensors):
-            return "error"
-        return "ok"
-
-    def counts(self) -> dict[str, int]:
-        out = {"dequantize": 0, "keep": 0, "error": 0}
-        for row in self.tensors:
-            out[row.action] += 1
-        return out
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "verdict": self.verdict,
-            "requested": self.requested,
-            "folder": self.folder,
-            "resolved_by": self.resolved_by,
-            "architecture": self.architecture,
-            "draft_class": self.draft_class,
-            "hooked": self.hooked,
-            "draft_dtype": self.draft_dtype,
-            "description_file": self.description_file,
-            "safetensors_files": self.files,
-            "counts": self.counts(),
-            "stock_sglang": self.stock,
-            "dry_run": self.dry_run,
-            "unfilled_parameters": self.unfilled,
-            "skipped_names": self.skipped,
-            "problems": self.problems,
-            "notes": self.notes,
-            "tensors": [t.to_json() for t in self.tensors],
-        }
+from ...errors import CheckpointFormatError
+from ...formats.checkpoint import Checkpoint, TensorInfo
+from ...formats.config import CheckpointConfig
+from ...formats.naming import mtp_prefix, split_companion
+from ...formats.plan import DequantPlan, PlannedTensor
+from ...serving.context import sglang_version
+from ...serving.drafts import DraftSpec, spec_for_architecture
+from ..resolve import resolve_checkpoint
+from .model import Diagnosis, TensorRow
 
 
 def diagnose(
@@ -142,7 +47,7 @@ def diagnose(
     """
     report = Diagnosis(requested=path)
     try:
-        source = resolve_offline(path, download_dir=download_dir, revision=revision)
+        source = resolve_checkpoint(path, download_dir=download_dir, revision=revision)
     except CheckpointFormatError as exc:
         report.problems.append(str(exc))
         return report
@@ -202,7 +107,7 @@ def diagnose(
 
 def _dry_run(report: Diagnosis, source, ckpt: Checkpoint, plan: DequantPlan, spec: DraftSpec):
     try:
-        from .dryrun import simulate_load
+        from ..dryrun import simulate_load
 
         coverage = simulate_load(source, ckpt, plan, spec)
     except Exception as exc:  # noqa: BLE001 - no coverage, said so; the rest still stands
@@ -336,86 +241,3 @@ def _stock_summary(report: Diagnosis, integer: list[TensorRow]) -> str:
             "does not decode"
         )
     return "; ".join(said)
-
-
-# -- output ----------------------------------------------------------------------------------
-
-_COLUMNS = ("name", "dtype", "shape", "type", "scheme", "companions", "action", "reason")
-
-
-def _cells(row: TensorRow) -> tuple[str, ...]:
-    suffixes = [c.rpartition(".")[2] for c in row.companions]
-    reason = row.problem or row.reason
-    return (
-        row.name,
-        row.dtype,
-        "x".join(str(d) for d in row.shape) or "scalar",
-        row.description or "-",
-        row.scheme or "-",
-        ",".join(suffixes) or "-",
-        row.action.upper() if row.action == "error" else row.action,
-        reason,
-    )
-
-
-def render_text(report: Diagnosis) -> str:
-    """A plain-text table (stable, greppable, fits a log), then notes, then the verdict."""
-    lines = [f"sglang-mtp-dequant doctor: {report.requested}"]
-    if report.folder:
-        lines.append(f"  resolved: {report.folder} ({report.resolved_by})")
-    lines.append(
-        f"  architecture: {report.architecture or '?'} -> draft class "
-        f"{report.draft_class or '(none this plugin hooks)'}"
-        + (" (hooked by this plugin)" if report.hooked else "")
-    )
-    if report.description_file:
-        lines.append(f"  description: {os.path.basename(report.description_file)}")
-    lines.append(f"  safetensors files: {report.files}; draft dtype: {report.draft_dtype}")
-    lines.append("")
-    if report.tensors:
-        table = [_COLUMNS] + [_cells(r) for r in report.tensors]
-        widths = [max(len(r[i]) for r in table) for i in range(len(_COLUMNS) - 1)]
-        for cells in table:
-            left = "  ".join(c.ljust(w) for c, w in zip(cells[:-1], widths, strict=False))
-            lines.append(f"{left}  {cells[-1]}")
-        counts = report.counts()
-        lines.append("")
-        lines.append(
-            f"  {len(report.tensors)} draft tensors: {counts['dequantize']} dequantize, "
-            f"{counts['keep']} keep, {counts['error']} error"
-        )
-    if report.stock:
-        lines.append(f"  stock: {report.stock}")
-    refused: dict[tuple[str, str], list[str]] = {}
-    for row in report.tensors:
-        if row.action == "error":
-            refused.setdefault((row.problem or row.reason, row.hint), []).append(row.name)
-    for (problem, hint), names in refused.items():
-        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        lines.append(f"  refused ({len(names)}): {shown}: {problem}")
-        if hint:
-            lines.append(f"    what to do: {hint}")
-    if report.dry_run:
-        lines.append(f"  dry run: {report.dry_run}")
-    for parameter, what in report.unfilled.items():
-        lines.append(f"  unfilled: {parameter}: no checkpoint tensor writes {what}")
-    if report.skipped:
-        shown = ", ".join(report.skipped[:8])
-        more = f" and {len(report.skipped) - 8} more" if len(report.skipped) > 8 else ""
-        lines.append(f"  skipped by the draft class: {shown}{more}")
-    for note in report.notes:
-        lines.append(f"  note: {note}")
-    for problem in report.problems:
-        lines.append(f"  problem: {problem}")
-    lines.append("")
-    if report.verdict == "ok":
-        lines.append(
-            "verdict: ok - the plugin loads this draft as correct float weights"
-            if any(r.action == "dequantize" for r in report.tensors)
-            else "verdict: ok - the draft is float already; the plugin changes nothing"
-        )
-    else:
-        lines.append(
-            "verdict: error - this draft cannot be served unquantized as it is (see above)"
-        )
-    return "\n".join(lines)

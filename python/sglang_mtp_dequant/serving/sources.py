@@ -25,22 +25,18 @@ the result through), and the CLI calls those same two functions.
 from __future__ import annotations
 
 import contextlib
-import glob
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import context
-from .config import CheckpointConfig
-from .context import WeightSource
-from .errors import CheckpointFormatError
+from ..errors import CheckpointFormatError
+from ..formats.checkpoint import WeightSource
+from ..formats.config import CheckpointConfig
+from . import context, sglang_private
 
 logger = logging.getLogger("sglang_mtp_dequant")
 
-_LOADER = "sglang.srt.model_loader.loader"
-PREPARE_TARGET = f"{_LOADER}.DefaultModelLoader._prepare_weights"
-MTP_FILE_TARGET = f"{_LOADER}.maybe_add_mtp_safetensors"
 #: the index name sglang filters safetensors files with (``SAFE_WEIGHTS_INDEX_NAME``)
 SGLANG_INDEX = "model.safetensors.index.json"
 
@@ -74,7 +70,10 @@ def observe_mtp_file(original, files, folder, *args, **kwargs):
 
 
 #: the observation hooks plugin.register() installs (AROUND: arguments and results unchanged)
-LOADER_HOOKS = ((PREPARE_TARGET, observe_prepare_weights), (MTP_FILE_TARGET, observe_mtp_file))
+LOADER_HOOKS = (
+    (sglang_private.PREPARE_WEIGHTS_TARGET, observe_prepare_weights),
+    (sglang_private.MTP_FILE_TARGET, observe_mtp_file),
+)
 
 
 def streamed_source(since: int, launch: context.DraftLaunch | None) -> WeightSource | None:
@@ -112,39 +111,35 @@ def _offline() -> Iterator[None]:
 
 
 def resolve_offline(
-    path: str, *, download_dir: str | None = None, revision: str | None = None
+    path: str,
+    *,
+    download_dir: str | None = None,
+    revision: str | None = None,
+    publish: Callable[[str], None] | None = None,
 ) -> WeightSource:
     """The folder and weight files sglang would load for ``path``, without the network.
 
     ``path`` is a folder (a snapshot folder too) or a hub id that is in the local cache (the
     default one, or ``download_dir`` as sglang's ``--download-dir``); ``revision`` as sglang's
-    ``--revision``. ``SGLANG_USE_MODELSCOPE`` is honoured as sglang honours it. Outside an
-    sglang process (the CLI), sglang's context is published for the folder found, since its
-    ``_prepare_weights`` reads it. Without sglang installed, only a folder is accepted, and its
-    files are every ``*.safetensors`` in it (what sglang streams from a ModelSlim export, which
-    has no ``model.safetensors.index.json``).
+    ``--revision``. ``SGLANG_USE_MODELSCOPE`` is honoured as sglang honours it. sglang's
+    ``_prepare_weights`` reads the published server context: inside a scheduler it is there;
+    outside one (the CLI, ``tools/resolve.py``) ``publish`` is called with the local folder
+    found, before sglang resolves its files.
 
     Raises:
         CheckpointFormatError: the path is neither a folder nor a cached hub model.
     """
-    try:
-        from .cpu_sglang import ensure_torchvision_importable
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.model_loader.loader import DefaultModelLoader, maybe_add_mtp_safetensors
 
-        ensure_torchvision_importable()
-        from sglang.srt.configs.load_config import LoadConfig
-        from sglang.srt.model_loader.loader import DefaultModelLoader, maybe_add_mtp_safetensors
-    except ImportError as exc:
-        return _folder_without_sglang(path, exc)
     loader = DefaultModelLoader(LoadConfig(load_format="auto", download_dir=download_dir))
     try:
         with _offline():
             asked = path
-            if not _context_published():
+            if publish is not None and sglang_private.published_server_args() is None:
                 asked = _local_copy(loader, path, revision)
-                from .cpu_sglang import publish_context
-
-                publish_context(asked, download_dir=download_dir)
-            folder, files, use_safetensors = loader._prepare_weights(asked, revision, True)
+                publish(asked)
+            folder, files, use_safetensors = sglang_private.prepare_weights(loader, asked, revision)
     except Exception as exc:  # noqa: BLE001 - huggingface_hub, modelscope and sglang errors
         where = f" (nor in --download-dir {download_dir})" if download_dir else ""
         at = f" at revision {revision!r}" if revision else ""
@@ -164,23 +159,13 @@ def resolve_offline(
     return WeightSource(path, folder, tuple(files), f"{_resolver_name()} (offline)")
 
 
-def _context_published() -> bool:
-    try:
-        from sglang.srt.runtime_context import get_server_args
-
-        get_server_args()
-    except ValueError:
-        return False
-    return True
-
-
 def _local_copy(loader: Any, path: str, revision: str | None) -> str:
     """The local folder sglang's ``_prepare_weights`` starts from: ``path`` itself, its
     ModelScope download, or its Hugging Face snapshot (the default cache, or
     ``--download-dir``), each by sglang's own function."""
     from sglang.srt.model_loader.weight_utils import download_weights_from_hf
 
-    local = loader._maybe_download_from_modelscope(path, revision)
+    local = sglang_private.modelscope_local_copy(loader, path, revision)
     if os.path.isdir(local):
         return local
     patterns = ["*.safetensors", "*.bin", "*.pt"]  # load format auto, .pt fallback allowed
@@ -198,16 +183,3 @@ def _hf_config_of(folder: str) -> Any:
         return CheckpointConfig.read(folder).namespace()
     except CheckpointFormatError:
         return None
-
-
-def _folder_without_sglang(path: str, why: ImportError) -> WeightSource:
-    if not os.path.isdir(path):
-        raise CheckpointFormatError(
-            file=path,
-            problem=f"is not a folder, and sglang is not importable to resolve a hub id ({why})",
-            hint="pass the local checkpoint (or snapshot) folder, or run where sglang is installed",
-        )
-    files = tuple(sorted(glob.glob(os.path.join(path, "*.safetensors"))))
-    return WeightSource(
-        path, path, files, "every *.safetensors of the folder (sglang not importable)"
-    )

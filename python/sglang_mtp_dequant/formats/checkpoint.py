@@ -2,7 +2,7 @@
 
 Usage::
 
-    source = sources.resolve_offline("/models/Qwen3.5-27B-w8a8")   # or what sglang recorded
+    source = resolve_checkpoint("/models/Qwen3.5-27B-w8a8")   # tools; or what sglang recorded
     ckpt = Checkpoint.open(source, wanted=lambda n: n.startswith("mtp."))
     info = ckpt.tensors["mtp.layers.0.mlp.up_proj.weight"]   # file, dtype, shape (header only)
     scales = ckpt.read_many([ckpt.tensors["mtp.layers.0.mlp.up_proj.weight_scale"], ...])
@@ -33,11 +33,26 @@ from dataclasses import dataclass, field
 import torch
 from safetensors import safe_open
 
+from ..errors import CheckpointFormatError
 from .config import load_json
-from .context import WeightSource
-from .errors import CheckpointFormatError
 
 DESCRIPTION_NAME = "quant_model_description.json"
+
+
+@dataclass(frozen=True)
+class WeightSource:
+    """One checkpoint resolution: the folder and the weight files sglang streams from it.
+
+    ``files`` are the paths exactly as sglang's loader holds them (in a Hugging Face snapshot:
+    the symlinks of the snapshot folder, which point into ``../../blobs``), in its order.
+    """
+
+    requested: str  # what sglang was asked to load: a folder, or a hub id
+    folder: str
+    files: tuple[str, ...]
+    how: str  # who resolved it, for log lines and the doctor's header
+
+
 RESTORE = "restore the file the exporter wrote, or delete it"
 
 # safetensors dtype tags -> torch dtypes (the tags a safetensors header can hold).

@@ -4,7 +4,7 @@ Usage (what ``pip install`` arranges; nothing to call by hand)::
 
     # pyproject.toml
     [project.entry-points."sglang.srt.plugins"]
-    mtp_dequant = "sglang_mtp_dequant.plugin:register"
+    mtp_dequant = "sglang_mtp_dequant.serving.plugin:register"
 
     # every sglang process: sglang.srt.plugins.load_plugins() -> register() -> apply_hooks()
 
@@ -25,20 +25,21 @@ sglang version and the module's own exception.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..errors import CheckpointFormatError
+from ..formats.checkpoint import Checkpoint, WeightSource
+from ..formats.plan import DequantPlan
 from . import context, sources
-from .checkpoint import Checkpoint
-from .context import WeightSource
 from .drafts import DRAFT_SPECS, DraftSpec, draft_dtype
-from .errors import CheckpointFormatError
 from .guard import WriteRecorder, check_loaded_draft
 from .ownership import ExpertOwnership
-from .plan import DequantPlan
 from .ray_setup import register_launch_guard
 from .stream import DequantizingStream
 
@@ -103,9 +104,28 @@ def unresolvable(target: str) -> str | None:
     return None
 
 
+#: set while the CLI loads a draft "as stock sglang would" (``bypassed``)
+_BYPASS: contextvars.ContextVar[bool] = contextvars.ContextVar("mtp_dequant_bypass", default=False)
+
+
+@contextlib.contextmanager
+def bypassed() -> Iterator[None]:
+    """Within this block every hooked ``load_weights`` runs sglang's own code only.
+
+    For the CLI's "stock" loads: unwrapping the hooked method is not enough for a class whose
+    own ``load_weights`` override calls ``super().load_weights`` (GLM-5's NextN), which reaches
+    the hook through the parent.
+    """
+    token = _BYPASS.set(True)
+    try:
+        yield
+    finally:
+        _BYPASS.reset(token)
+
+
 def make_load_weights_hook(spec: DraftSpec) -> Callable[..., Any]:
     def load_weights_with_dequant(original, model, weights, *args, **kwargs):
-        if getattr(model, "quant_config", None) is not None:
+        if _BYPASS.get() or getattr(model, "quant_config", None) is not None:
             # the user asked for a quantized draft: its quantized layers consume the codes
             return original(model, weights, *args, **kwargs)
         is_draft = spec.draft_names(model)

@@ -46,8 +46,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...errors import DraftWeightError
 from ..checkpoint import TensorInfo
-from ..errors import DraftWeightError
 from .affine import AffineDecoder
 from .base import (
     FLOAT_STORAGE,

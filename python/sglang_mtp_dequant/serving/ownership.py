@@ -9,7 +9,7 @@ Usage::
 Why: under expert parallelism sglang streams every expert to every rank, and each rank's
 ``FusedMoE.weight_loader`` drops the experts stored on other ranks. Decoding those would make
 per-rank work O(layer) instead of O(layer / EP). The answer comes from the built layer's own
-mapping (``FusedMoE._map_global_expert_id_to_local_expert_id``, what its weight loader calls),
+mapping (FusedMoE's global-to-local expert map, what its weight loader calls; sglang_private),
 never from a re-derivation of sglang's placement, and falls back to "keep" whenever the layer
 uses a placement this module does not model (expert-location metadata, global-expert
 parameters): a kept expert costs time, a dropped one would cost correctness.
@@ -21,9 +21,8 @@ from collections.abc import Callable
 
 import torch
 
-from . import naming
-
-_MAP = "_map_global_expert_id_to_local_expert_id"
+from ..formats import naming
+from .sglang_private import expert_map, holds_global_experts
 
 
 class ExpertOwnership:
@@ -38,7 +37,7 @@ class ExpertOwnership:
         layers = [
             (naming.tokens(name), module)
             for name, module in model.named_modules()
-            if callable(getattr(module, _MAP, None)) and hasattr(module, "num_experts")
+            if expert_map(module) is not None and hasattr(module, "num_experts")
         ]
         if not layers:
             return None
@@ -85,7 +84,7 @@ class ExpertOwnership:
         if getattr(module, "uses_expert_location", False) and _expert_location_metadata():
             return True  # EPLB: physical replicas decide, not the mapping
         for param in module.parameters(recurse=False):
-            if getattr(param, "_sglang_require_global_experts", False):
+            if holds_global_experts(param):
                 return True
         return getattr(module, "moe_ep_size", 1) == 1
 
@@ -100,7 +99,7 @@ def _expert_location_metadata() -> object | None:
 
 
 def _ask(module: torch.nn.Module, expert: int) -> bool:
-    mapping: Callable[[int], int] = getattr(module, _MAP)
+    mapping: Callable[[int], int] = expert_map(module)
     try:
         return mapping(expert) != -1
     except Exception:  # noqa: BLE001 - another sglang: keep (decode) rather than guess

@@ -18,25 +18,13 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from ..formats.checkpoint import WeightSource
+
 #: hook targets registered in this process (``plugin.register()`` may run more than once)
 _registered: set[str] = set()
 #: weight resolutions sglang's loader made in this process, oldest first
 _weight_sources: list[WeightSource] = []
 _lock = threading.Lock()
-
-
-@dataclass(frozen=True)
-class WeightSource:
-    """One checkpoint resolution: the folder and the weight files sglang streams from it.
-
-    ``files`` are the paths exactly as sglang's loader holds them (in a Hugging Face snapshot:
-    the symlinks of the snapshot folder, which point into ``../../blobs``), in its order.
-    """
-
-    requested: str  # what sglang was asked to load: a folder, or a hub id
-    folder: str
-    files: tuple[str, ...]
-    how: str  # who resolved it, for log lines and the doctor's header
 
 
 @dataclass(frozen=True)
@@ -86,9 +74,9 @@ def draft_launch() -> DraftLaunch | None:
     ``--download-dir`` and ``--speculative-draft-load-format`` (else ``--load-format``).
     """
     try:
-        from sglang.srt.runtime_context import get_model, get_spec
+        from .sglang_private import draft_server_args
 
-        model, spec = get_model(), get_spec()
+        model, spec = draft_server_args()
         path = spec.speculative_draft_model_path or model.model_path
         revision = (
             spec.speculative_draft_model_revision

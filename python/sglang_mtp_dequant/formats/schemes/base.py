@@ -22,8 +22,8 @@ from typing import ClassVar
 
 import torch
 
+from ...errors import DraftWeightError
 from ..checkpoint import TensorInfo
-from ..errors import DraftWeightError
 from .affine import AffineDecoder
 
 REEXPORT = "re-export the checkpoint with msmodelslim, or serve the draft quantized"

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checkpoint import Checkpoint
-from .context import WeightSource
-from .drafts import DraftSpec, draft_dtype
-from .guard import WriteRecorder
-from .plan import DequantPlan
-from .stream import DequantizingStream
+from ..formats.checkpoint import Checkpoint, WeightSource
+from ..formats.plan import DequantPlan
+from ..serving.drafts import DraftSpec, draft_dtype
+from ..serving.guard import WriteRecorder
+from ..serving.plugin import bypassed
+from ..serving.stream import DequantizingStream
 
 
 @dataclass
@@ -49,13 +49,12 @@ def simulate_load(
 
     prepare_cpu_process(source.folder)
     model = build_draft(draft_model_config(source.folder), device="meta")
-    method = type(model).load_weights
-    method = getattr(method, "__wrapped__", method)  # sglang's own, if the plugin hooked it
     with WriteRecorder(model, spec.from_target) as writes:
         stream = DequantizingStream(
             lambda: plan, draft_dtype(model), spec.draft_names(model), observer=writes.on_streamed
         )
-        method(model, stream.apply(_header_tensors(checkpoint)))
+        with bypassed():  # sglang's own load_weights, fed the plugin's stream
+            model.load_weights(stream.apply(_header_tensors(checkpoint)))
     dtype = str(draft_dtype(model)).replace("torch.", "")
     return Coverage(type(model).__name__, dtype, writes.unwritten(), writes.skipped_names())
 

@@ -1,0 +1,237 @@
+"""The ledger of sglang's private surface: every private sglang name this package touches.
+
+Usage::
+
+    from .sglang_private import LEDGER, prepare_weights, hooked_targets
+    folder, files, use_safetensors = prepare_weights(loader, path, revision)
+    for entry in LEDGER: print(entry.name, entry.read_in, entry.remove_when)
+
+Why one module (what vllm-ascend's ``patch/__init__.py`` does for its patches): sglang has no
+stable API for "which files does the loader stream", "which experts does this rank keep" or
+"is this hook applied", so the package reaches into names sglang may rename in any release.
+Each such name is written here and nowhere else (``test/test_packaging.py`` checks it), with
+why it is needed, how it is used, the sglang version it was read in, and what would let it go.
+An sglang upgrade is then a review of this one file. Names sglang documents as its plugin API
+(``HookRegistry.register``, ``HookType``, ``load_plugins``, the draft classes' public
+``load_weights``) are not private and are not listed.
+
+Accessors import sglang lazily: importing this module imports nothing of sglang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Private:
+    """One private sglang name: what it is, why and how it is used, and when it can go."""
+
+    name: str
+    why: str
+    how: str
+    read_in: str
+    remove_when: str
+
+
+_LOADER = "sglang.srt.model_loader.loader"
+
+#: ``DefaultModelLoader._prepare_weights``, observed with an AROUND hook (``sources.py``)
+PREPARE_WEIGHTS_TARGET = f"{_LOADER}.DefaultModelLoader._prepare_weights"
+#: ``maybe_add_mtp_safetensors`` (module-level but undocumented), observed the same way
+MTP_FILE_TARGET = f"{_LOADER}.maybe_add_mtp_safetensors"
+#: ``RayEngine._launch_scheduler_processes``, a BEFORE hook (``ray_setup.py``)
+RAY_LAUNCH_TARGET = "sglang.srt.ray.engine.RayEngine._launch_scheduler_processes"
+#: ``FusedMoE._map_global_expert_id_to_local_expert_id``: global expert id -> local or -1
+EXPERT_MAP_METHOD = "_map_global_expert_id_to_local_expert_id"
+#: a parameter attribute FusedMoE sets when a parameter holds every expert on every rank
+GLOBAL_EXPERTS_ATTRIBUTE = "_sglang_require_global_experts"
+
+LEDGER: tuple[Private, ...] = (
+    Private(
+        name=PREPARE_WEIGHTS_TARGET,
+        why="the folder and exact file list sglang streams (folder, HF snapshot of symlinks, "
+        "hub id in a cache or --download-dir, ModelScope, index filtering) are only known "
+        "inside it",
+        how="AROUND hook that records the result and passes arguments and result through; "
+        "the CLI calls it offline to resolve a path as the server would",
+        read_in="0.5.23",
+        remove_when="sglang reports resolved weight files to plugins (e.g. a loader event)",
+    ),
+    Private(
+        name=MTP_FILE_TARGET,
+        why="GLM NextN checkpoints whose index omits mtp.safetensors get it added here",
+        how="AROUND hook recording the returned file list; called by the CLI after "
+        "_prepare_weights",
+        read_in="0.5.23",
+        remove_when="as _prepare_weights",
+    ),
+    Private(
+        name=f"{_LOADER}.DefaultModelLoader._maybe_download_from_modelscope",
+        why="the CLI must resolve a ModelScope id the way the server does (SGLANG_USE_MODELSCOPE)",
+        how="called by the CLI only, before publishing sglang's context for the local folder",
+        read_in="0.5.23",
+        remove_when="sglang exposes its path resolution as one public function",
+    ),
+    Private(
+        name=f"{_LOADER}.DefaultModelLoader._get_all_weights",
+        why="verify and the tests feed load_weights exactly the stream the server builds",
+        how="called on a fresh DefaultModelLoader by the CPU tools (tools/cpu_sglang.py)",
+        read_in="0.5.23",
+        remove_when="DefaultModelLoader offers a public weight iterator",
+    ),
+    Private(
+        name=f"{_LOADER}.DefaultModelLoader._get_weights_iterator",
+        why="the stream for a path with no ModelConfig (a draft class built from a hand-made "
+        "config in tests)",
+        how="called by the CPU tools with DefaultModelLoader.Source(path, revision)",
+        read_in="0.5.23",
+        remove_when="as _get_all_weights",
+    ),
+    Private(
+        name=f"{_LOADER}._initialize_model",
+        why="verify and the doctor's dry run build the draft class exactly as the loader does",
+        how="called by the CPU tools under set_default_torch_dtype and a device context",
+        read_in="0.5.23",
+        remove_when="a public 'build model without weights' in sglang",
+    ),
+    Private(
+        name=f"{_LOADER}._get_quantization_config",
+        why="the draft's quant config decides whether the plugin acts; the CPU tools must get "
+        "the one the server gets",
+        how="called by the CPU tools with the draft's ModelConfig and LoadConfig",
+        read_in="0.5.23",
+        remove_when="as _initialize_model",
+    ),
+    Private(
+        name="sglang.srt.plugins.hook_registry.HookRegistry._patched",
+        why="whether a registered hook was really applied in this process (Ray workers, "
+        "a failed apply)",
+        how="read only, by the Ray launch check (ray_setup.py)",
+        read_in="0.5.23",
+        remove_when="HookRegistry offers an is_applied(target) query",
+    ),
+    Private(
+        name="functools.wraps' __wrapped__ on HookRegistry's wrapper",
+        why="the CLI loads a draft 'as stock sglang would', i.e. through the unhooked method",
+        how="unhooked(cls) walks the class's MRO for load_weights and unwraps sglang's "
+        "wrapper; a subclass override that calls super() reaches the hooked parent, so "
+        "the CLI switches the hook off instead (tools/verify)",
+        read_in="0.5.23",
+        remove_when="HookRegistry keeps a public map target -> original",
+    ),
+    Private(
+        name=RAY_LAUNCH_TARGET,
+        why="sglang's Ray actors never call load_plugins(); the launch is the last moment "
+        "the driver can make Ray run the plugin's setup hook in every worker",
+        how="BEFORE hook that checks Ray's runtime env, initialising Ray with the hook or "
+        "refusing the launch",
+        read_in="0.5.23",
+        remove_when="sglang's SchedulerActor calls load_plugins()",
+    ),
+    Private(
+        name=f"FusedMoE.{EXPERT_MAP_METHOD}",
+        why="under expert parallelism each rank decodes only the experts its FusedMoE keeps",
+        how="called per expert id on the built draft's FusedMoE layers (ownership.py)",
+        read_in="0.5.23",
+        remove_when="FusedMoE exposes the local expert set publicly",
+    ),
+    Private(
+        name=f"parameter attribute {GLOBAL_EXPERTS_ATTRIBUTE}",
+        why="a parameter that holds every expert on every rank: every expert must be decoded",
+        how="read with getattr on FusedMoE's own parameters",
+        read_in="0.5.23",
+        remove_when="as the expert map",
+    ),
+    Private(
+        name="sglang.srt.runtime_context (get_model, get_spec, get_server_args, publish, "
+        "SpawnRanks)",
+        why="the draft's launch path, revision and --download-dir inside a scheduler; the CPU "
+        "tools publish a context as the scheduler does before building a class",
+        how="read in the server (context.draft_launch); published by the CPU tools",
+        read_in="0.5.23",
+        remove_when="load_weights receives its load config",
+    ),
+)
+
+
+# -- accessors: the only code that spells the names above ------------------------------------
+
+
+def prepare_weights(loader: Any, path: str, revision: str | None) -> tuple[str, list[str], bool]:
+    """``(folder, files, use_safetensors)`` as ``DefaultModelLoader`` resolves ``path``."""
+    return loader._prepare_weights(path, revision, True)
+
+
+def modelscope_local_copy(loader: Any, path: str, revision: str | None) -> str:
+    """``path`` itself, or its ModelScope download under ``SGLANG_USE_MODELSCOPE``."""
+    return loader._maybe_download_from_modelscope(path, revision)
+
+
+def all_weights(loader: Any, model_config: Any, model: Any) -> Any:
+    """The ``(name, tensor)`` stream ``DefaultModelLoader.load_model`` feeds ``model``."""
+    return loader._get_all_weights(model_config, model)
+
+
+def weights_iterator(loader: Any, path: str, revision: str | None) -> Any:
+    """The stream for one checkpoint path (no ModelConfig needed)."""
+    return loader._get_weights_iterator(type(loader).Source(path, revision))
+
+
+def initialize_model(model_config: Any, load_config: Any, quant_config: Any) -> Any:
+    from sglang.srt.model_loader.loader import _initialize_model
+
+    return _initialize_model(model_config, load_config, quant_config)
+
+
+def quantization_config(model_config: Any, load_config: Any) -> Any:
+    from sglang.srt.model_loader.loader import _get_quantization_config
+
+    return _get_quantization_config(model_config, load_config)
+
+
+def patched_targets() -> frozenset[str]:
+    """The hook targets sglang's ``HookRegistry`` applied in this process."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    return frozenset(HookRegistry._patched)
+
+
+def unwrapped(function: Any) -> Any:
+    """The function ``HookRegistry`` wrapped (``functools.wraps``), or ``function`` itself."""
+    return getattr(function, "__wrapped__", function)
+
+
+def expert_map(module: Any) -> Any:
+    """FusedMoE's global -> local expert mapping of ``module``, or None if it has none."""
+    mapping = getattr(module, EXPERT_MAP_METHOD, None)
+    return mapping if callable(mapping) else None
+
+
+def holds_global_experts(param: Any) -> bool:
+    return bool(getattr(param, GLOBAL_EXPERTS_ATTRIBUTE, False))
+
+
+def published_server_args() -> Any | None:
+    """The ServerArgs published in this process (a scheduler, or the CLI), or None."""
+    from sglang.srt.runtime_context import get_server_args
+
+    try:
+        return get_server_args()
+    except ValueError:
+        return None
+
+
+def draft_server_args() -> tuple[Any, Any]:
+    """``(model args, speculative args)`` of the published context; raises outside sglang."""
+    from sglang.srt.runtime_context import get_model, get_spec
+
+    return get_model(), get_spec()
+
+
+def publish_server_args(server_args: Any, role: str, world_rank: int) -> None:
+    """Publish ``server_args`` the way ``run_scheduler_process`` does."""
+    from sglang.srt.runtime_context import SpawnRanks, publish
+
+    publish(server_args, role=role, ranks=SpawnRanks(world_rank=world_rank))

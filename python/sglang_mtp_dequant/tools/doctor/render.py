@@ -1,0 +1,89 @@
+"""The doctor's text output: a greppable table, then notes, problems and the verdict."""
+
+from __future__ import annotations
+
+import os
+
+from .model import Diagnosis, TensorRow
+
+# -- output ----------------------------------------------------------------------------------
+
+_COLUMNS = ("name", "dtype", "shape", "type", "scheme", "companions", "action", "reason")
+
+
+def _cells(row: TensorRow) -> tuple[str, ...]:
+    suffixes = [c.rpartition(".")[2] for c in row.companions]
+    reason = row.problem or row.reason
+    return (
+        row.name,
+        row.dtype,
+        "x".join(str(d) for d in row.shape) or "scalar",
+        row.description or "-",
+        row.scheme or "-",
+        ",".join(suffixes) or "-",
+        row.action.upper() if row.action == "error" else row.action,
+        reason,
+    )
+
+
+def render_text(report: Diagnosis) -> str:
+    """A plain-text table (stable, greppable, fits a log), then notes, then the verdict."""
+    lines = [f"sglang-mtp-dequant doctor: {report.requested}"]
+    if report.folder:
+        lines.append(f"  resolved: {report.folder} ({report.resolved_by})")
+    lines.append(
+        f"  architecture: {report.architecture or '?'} -> draft class "
+        f"{report.draft_class or '(none this plugin hooks)'}"
+        + (" (hooked by this plugin)" if report.hooked else "")
+    )
+    if report.description_file:
+        lines.append(f"  description: {os.path.basename(report.description_file)}")
+    lines.append(f"  safetensors files: {report.files}; draft dtype: {report.draft_dtype}")
+    lines.append("")
+    if report.tensors:
+        table = [_COLUMNS] + [_cells(r) for r in report.tensors]
+        widths = [max(len(r[i]) for r in table) for i in range(len(_COLUMNS) - 1)]
+        for cells in table:
+            left = "  ".join(c.ljust(w) for c, w in zip(cells[:-1], widths, strict=False))
+            lines.append(f"{left}  {cells[-1]}")
+        counts = report.counts()
+        lines.append("")
+        lines.append(
+            f"  {len(report.tensors)} draft tensors: {counts['dequantize']} dequantize, "
+            f"{counts['keep']} keep, {counts['error']} error"
+        )
+    if report.stock:
+        lines.append(f"  stock: {report.stock}")
+    refused: dict[tuple[str, str], list[str]] = {}
+    for row in report.tensors:
+        if row.action == "error":
+            refused.setdefault((row.problem or row.reason, row.hint), []).append(row.name)
+    for (problem, hint), names in refused.items():
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        lines.append(f"  refused ({len(names)}): {shown}: {problem}")
+        if hint:
+            lines.append(f"    what to do: {hint}")
+    if report.dry_run:
+        lines.append(f"  dry run: {report.dry_run}")
+    for parameter, what in report.unfilled.items():
+        lines.append(f"  unfilled: {parameter}: no checkpoint tensor writes {what}")
+    if report.skipped:
+        shown = ", ".join(report.skipped[:8])
+        more = f" and {len(report.skipped) - 8} more" if len(report.skipped) > 8 else ""
+        lines.append(f"  skipped by the draft class: {shown}{more}")
+    for note in report.notes:
+        lines.append(f"  note: {note}")
+    for problem in report.problems:
+        lines.append(f"  problem: {problem}")
+    lines.append("")
+    if report.verdict == "ok":
+        lines.append(
+            "verdict: ok - the plugin loads this draft as correct float weights"
+            if any(r.action == "dequantize" for r in report.tensors)
+            else "verdict: ok - the draft is float already; the plugin changes nothing"
+        )
+    else:
+        lines.append(
+            "verdict: error - this draft cannot be served unquantized as it is (see above)"
+        )
+    return "\n".join(lines)
