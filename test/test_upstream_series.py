@@ -94,19 +94,26 @@ def _cases():
     group_offset = torch.randint(-20, 20, (out, 3), generator=gen).float()
     deq = torch.rand(out, generator=gen) * 1e-3 + 1e-7
     input_scale = torch.tensor([0.0173])
+
+    def affine(scale, offset):
+        return {"weight_scale": scale, "weight_offset": offset}
+
     for label, scale in scales.items():
-        zero = torch.zeros_like(scale)
-        yield f"W8A8_DYNAMIC {label}", "W8A8_DYNAMIC", q, {"weight_scale": scale, "weight_offset": zero}, 0
-        yield f"W8A16 {label}", "W8A16", q, {"weight_scale": scale, "weight_offset": offset}, 0
-    yield "W8A8_DYNAMIC bf16 V0 scale", "W8A8_DYNAMIC", q, {"weight_scale": scales["random"].bfloat16()}, 0
-    yield "W8A8_DYNAMIC per group", "W8A8_DYNAMIC", q, {"weight_scale": group, "weight_offset": 0 * group}, 32
-    yield "W8A16 per group", "W8A16", q, {"weight_scale": group, "weight_offset": group_offset}, 32
-    static = {"input_scale": input_scale, "input_offset": torch.tensor([3.0]),
-              "quant_bias": torch.randint(-9, 9, (out,), dtype=torch.int32, generator=gen)}  # fmt: skip
+        yield f"W8A8_DYNAMIC {label}", "W8A8_DYNAMIC", q, affine(scale, 0 * scale), 0
+        yield f"W8A16 {label}", "W8A16", q, affine(scale, offset), 0
+    v0_scale = scales["random"].bfloat16()
+    yield "W8A8_DYNAMIC bf16 V0 scale", "W8A8_DYNAMIC", q, {"weight_scale": v0_scale}, 0
+    yield "W8A8_DYNAMIC per group", "W8A8_DYNAMIC", q, affine(group, 0 * group), 32
+    yield "W8A16 per group", "W8A16", q, affine(group, group_offset), 32
+    static = {
+        "input_scale": input_scale,
+        "input_offset": torch.tensor([3.0]),
+        "quant_bias": torch.randint(-9, 9, (out,), dtype=torch.int32, generator=gen),
+    }
     yield "W8A8 f32 deq_scale", "W8A8", q, {"deq_scale": deq, **static}, 0
     bits = deq.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     yield "W8A8 int64 deq_scale", "W8A8", q, {"deq_scale": bits, **static}, 0
-    v0 = {"weight_scale": scales["random"].bfloat16(), "weight_offset": torch.zeros(out, 1).bfloat16()}
+    v0 = affine(v0_scale, torch.zeros(out, 1).bfloat16())
     yield "W8A8_MIX V0", "W8A8_MIX", q, {"deq_scale": deq, **static, **v0}, 0
     yield "W8A8_MIX V1", "W8A8_MIX", q, {"deq_scale": deq, **static}, 0
 
@@ -127,3 +134,41 @@ def test_branch_and_plugin_decode_bit_identically(branch_tree, dtype):
         assert torch.equal(ours.view(ints), plugin.view(ints)), label
         checked.add(scheme)
     assert checked == set(branch.SUPPORTED_TYPES)
+
+
+@pytest.mark.slow
+def test_plugin_steps_aside_on_the_patched_tree(branch_tree, load_draft, tmp_path):
+    """The plugin over sglang with the fix: one INFO line saying it steps aside, sglang's own
+    dequantization does the work, and the draft gets the same bits as the plugin alone gives
+    on stock sglang (no double dequantization: a second decode of bf16 weights is refused by
+    neither side, it would change every value)."""
+    import os
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    from conftest import fixture_dir
+
+    repo = branch_tree[0]
+    folder = fixture_dir("q35_dense_w8a8_dynamic")
+    env = dict(os.environ, PYTHONPATH=str(repo / "python"), SGLANG_PLUGINS="mtp_dequant")
+    cmd = [sys.executable, str(ROOT / "upstream" / "load_draft.py"), "--out", str(tmp_path)]
+    proc = subprocess.run(
+        cmd + ["--expect", "both", folder], env=env, capture_output=True, text=True, timeout=1800
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    ours = [line for line in output.splitlines() if line.startswith("sglang_mtp_dequant ")]
+    assert len(ours) == 1, ours
+    assert "INFO" in ours[0] and "leaves the Qwen3_5ForCausalLMMTP draft load to it" in ours[0]
+    assert "Dequantized 7 ModelSlim draft weights (W8A8_DYNAMIC x7)" in output
+    loaded = load_file(str(tmp_path / "q35_dense_w8a8_dynamic.safetensors"))
+    alone = dict(load_draft(folder).named_parameters())  # stock sglang + plugin, this process
+    compared = 0
+    for key, value in loaded.items():
+        if value.is_floating_point() and value.isnan().all():
+            continue  # taken from the target after loading (lm_head): no loader writes it
+        want = alone[key.split("/", 1)[1]].detach()
+        assert torch.equal(value, want), key
+        compared += 1
+    assert compared == len(loaded) - 1

@@ -9,6 +9,8 @@ Usage (``upstream/run_tests.py`` runs it twice, in two processes)::
     # the patched tree, plugin switched off
     PYTHONPATH=.cache/upstream/sglang/python SGLANG_PLUGINS=none \\
         python upstream/load_draft.py --out DIR --expect branch FIXTURE...
+    # the patched tree with the plugin on (it must step aside: test/test_upstream_series.py)
+    PYTHONPATH=.cache/upstream/sglang/python python upstream/load_draft.py --expect both ...
 
 Per checkpoint folder: sglang's ``ModelConfig`` of the draft (``is_draft_model=True``, as the
 draft worker builds it), its class built by the loader's own ``_initialize_model``, every
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import socket
 import sys
@@ -131,11 +134,12 @@ def load_one(folder: str) -> dict[str, torch.Tensor]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--expect", choices=["plugin", "branch"], required=True)
+    parser.add_argument("--expect", choices=["plugin", "branch", "both"], required=True)
     parser.add_argument("folders", nargs="+")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
     ensure_torchvision_importable()
     import sglang
     from safetensors.torch import save_file
@@ -162,14 +166,16 @@ def main() -> int:
     }
     with open(os.path.join(args.out, "side.json"), "w") as f:
         json.dump(side, f, indent=1)
-    wanted = (True, False) if args.expect == "plugin" else (False, True)
+    wanted = {"plugin": (True, False), "branch": (False, True), "both": (True, True)}[args.expect]
     if (side["plugin_hooked"], side["branch_module"]) != wanted:
         print(f"load_draft.py: expected the {args.expect} side, found {side}", file=sys.stderr)
         return 2
     for folder in args.folders:
         name = os.path.basename(os.path.normpath(folder))
         try:
-            save_file(load_one(os.path.abspath(folder)), os.path.join(args.out, f"{name}.safetensors"))
+            save_file(
+                load_one(os.path.abspath(folder)), os.path.join(args.out, f"{name}.safetensors")
+            )
             print(f"{args.expect}: {name}: loaded")
         except Exception as exc:  # noqa: BLE001 - recorded for the comparison
             with open(os.path.join(args.out, f"{name}.error"), "w") as f:

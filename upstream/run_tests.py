@@ -189,7 +189,9 @@ def step_fixtures(repo: Path, logs: Path) -> list[str]:
         for out, expect, env in sides:
             log = open(logs / f"fixtures-{expect}.log", "w")
             cmd = [sys.executable, script, "--out", str(out), "--expect", expect, *folders]
-            procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+            procs.append(
+                (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log)
+            )
         codes = [proc.wait() for proc, _ in procs]
         for _, log in procs:
             log.close()
@@ -206,9 +208,13 @@ def step_fixtures(repo: Path, logs: Path) -> list[str]:
                 problems.append(f"{folder.name}: not loaded on both sides: {errors}")
                 continue
             left, right = load_file(str(a)), load_file(str(b))
-            differing = sorted(k for k in left if k not in right or not same_bits(left[k], right[k]))
+            differing = sorted(
+                k for k in left if k not in right or not same_bits(left[k], right[k])
+            )
             differing += sorted(set(right) - set(left))
-            written = sum(1 for t in left.values() if not (t.is_floating_point() and t.isnan().all()))
+            written = sum(
+                1 for t in left.values() if not (t.is_floating_point() and t.isnan().all())
+            )
             status = "bit-identical" if not differing else f"DIFFER: {differing}"
             print(f"  {folder.name}: {len(left)} draft parameters ({written} loaded), {status}")
             if differing:

@@ -273,7 +273,9 @@ def check_current(repo: Path, base: dict[str, str], series: Path = SERIES) -> li
             problems.append(f"{name}: in the series, but not a commit of the branch")
         elif fresh[name] != committed[name]:
             problems.append(f"{name}: differs from `git format-patch` of the branch")
-    others = sorted(p.name for p in series.iterdir() if p.suffix != ".patch") if series.is_dir() else []
+    others = (
+        sorted(p.name for p in series.iterdir() if p.suffix != ".patch") if series.is_dir() else []
+    )
     problems += [f"{name}: not a patch, in upstream/series" for name in others]
     return problems
 
@@ -313,7 +315,9 @@ def record_baseline(repo: Path, base: dict[str, str], python: str, cache: Path) 
     sha = make_baseline(repo, wheel, base, record=True)
     text = BASE_FILE.read_text().splitlines(keepends=True)
     BASE_FILE.write_text(
-        "".join(f"baseline_commit: {sha}\n" if t.startswith("baseline_commit:") else t for t in text)
+        "".join(
+            f"baseline_commit: {sha}\n" if t.startswith("baseline_commit:") else t for t in text
+        )
     )
     return sha
 
