@@ -41,6 +41,9 @@ BASE_FILE = UPSTREAM / "BASE"
 CACHE = ROOT / ".cache" / "upstream"
 TAG = "v0.5.23-wheel"
 STAMP_KEY = "sglang-mtp-dequant.series"
+# keep "[ModelSlim]"-style subject prefixes (only "[PATCH ...]" is git's), committer date = author
+# date: the branch's commits are the same objects everywhere, and format-patch gives the series back
+AM_OPTS = ("--keep-non-patch", "--committer-date-is-author-date")
 
 # fixed identities and dates: the baseline and the branch are the same objects on every machine
 _GIT_ENV = {
@@ -176,7 +179,8 @@ def series_files(series: Path = SERIES) -> list[Path]:
 
 
 def series_stamp(patches: list[Path], base: dict[str, str]) -> str:
-    digest = hashlib.sha256(base["baseline_commit"].encode())
+    # how the series is applied is part of what the branch is: a change there re-applies it
+    digest = hashlib.sha256(f"{base['baseline_commit']} git am {' '.join(AM_OPTS)}".encode())
     for patch in patches:
         digest.update(patch.name.encode() + b"\0" + patch.read_bytes() + b"\0")
     return digest.hexdigest()
@@ -200,8 +204,7 @@ def apply_series(repo: Path, base: dict[str, str], series: Path = SERIES) -> boo
     git(repo, "clean", "-q", "-f", "-d")  # untracked files only: the ignored *.so stay
     if patches:
         proc = subprocess.run(
-            ["git", *_GIT_OPTS, "-C", str(repo), "am", "-q", "--committer-date-is-author-date"]
-            + [str(p) for p in patches],
+            ["git", *_GIT_OPTS, "-C", str(repo), "am", "-q", *AM_OPTS] + [str(p) for p in patches],
             env={**os.environ, **_GIT_ENV},
             capture_output=True,
             text=True,
