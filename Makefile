@@ -8,17 +8,21 @@ STAMP := $(VENV)/.installed
 DEMO_CKPT := test/fixtures/modelslim/q35_dense_w8a8_dynamic
 DEMO_REF := test/fixtures/reference/q35_dense_w8a8_dynamic.safetensors
 
-.PHONY: venv demo test accept bench bench-scaling lint upstream-tree upstream-test upstream-series
+.PHONY: venv demo test accept bench bench-scaling lint e2e e2e-short upstream-tree upstream-test upstream-series
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml requirements/cpu.txt requirements/constraints.txt requirements/torch-cpu.txt
-	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install -q -r requirements/torch-cpu.txt
-	$(VPY) -m pip install -q --no-deps sglang==0.5.23
-	$(VPY) -m pip install -q -c requirements/constraints.txt -r requirements/cpu.txt
-	$(VPY) -m pip install -q --no-deps -e .
-	touch $(STAMP)
+# Every install is --no-deps from exact pins (requirements/cpu-lock.txt), so pip resolves
+# nothing; -qq keeps pip to errors. The last line says how long it took and what it weighs.
+$(STAMP): pyproject.toml requirements/cpu-lock.txt requirements/torch-cpu.txt
+	@start=$$(date +%s); set -e; \
+	echo "set-up: building $(VENV) (CPU torch, sglang 0.5.23 without its CUDA set, the pinned test set)"; \
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV); \
+	$(VPY) -m pip install -qq --no-deps -r requirements/torch-cpu.txt; \
+	$(VPY) -m pip install -qq --no-deps sglang==0.5.23 -r requirements/cpu-lock.txt; \
+	$(VPY) -m pip install -qq --no-deps -e .; \
+	touch $(STAMP); \
+	echo "set-up: $(VENV) built in $$(( $$(date +%s) - start )) s, $$(du -sh $(VENV) | cut -f1) on disk"
 
 demo: $(STAMP)
 	$(VENV)/bin/sglang-mtp-dequant doctor $(DEMO_CKPT)
@@ -28,8 +32,26 @@ test: $(STAMP)
 	$(VPY) -m pytest -q
 
 accept: $(STAMP)
-	$(VPY) -m pip install -q -c requirements/constraints.txt -r requirements/accept.txt
+	$(VPY) -m pip install -qq --no-deps -r requirements/accept.txt
 	$(VPY) benchmarks/accept_length.py --plot docs/accept_length.png --json .cache/accept/results.json
+
+# sglang's own server with EAGLE on the CPU, four servers: no speculation, float draft,
+# ModelSlim W8A8 draft with the plugin off, and on (benchmarks/e2e_server.py); ends with
+# `e2e accept_length float=F stock=S plugin=P tokens_per_s ...`. Your own folders:
+# make e2e TARGET=<float folder> DRAFT=<ModelSlim folder of the same model>
+E2E_STAMP := $(VENV)/.e2e-installed
+E2E_ARGS := $(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT))
+
+$(E2E_STAMP): $(STAMP) requirements/e2e.txt
+	$(VPY) -m pip install -qq --no-deps -r requirements/e2e.txt
+	touch $(E2E_STAMP)
+
+e2e: $(E2E_STAMP)
+	$(VPY) benchmarks/e2e_server.py $(E2E_ARGS) --json .cache/e2e/results.json
+
+# the same with 2 prompts x 16 tokens: what CI runs at every landing
+e2e-short: $(E2E_STAMP)
+	$(VPY) benchmarks/e2e_server.py --short $(E2E_ARGS) --json .cache/e2e/short.json
 
 # decode cost against a plain cast (R), codes decoded per EP=2 rank (F), extra peak memory (M);
 # ends with `dequant_vs_cast_ratio R ep2_rank_decode_fraction F peak_extra_mb M`
@@ -40,10 +62,17 @@ bench: $(STAMP)
 bench-scaling: $(STAMP)
 	$(VPY) benchmarks/bench_scaling.py --json .cache/bench/scaling.json
 
-lint: $(STAMP)
-	$(VPY) -m pip install -q ruff
+# ruff (lint + format check) and mypy with untyped defs checked (pyproject.toml [tool.mypy])
+LINT_STAMP := $(VENV)/.lint-installed
+
+$(LINT_STAMP): $(STAMP) requirements/lint.txt
+	$(VPY) -m pip install -qq --no-deps -r requirements/lint.txt
+	touch $(LINT_STAMP)
+
+lint: $(LINT_STAMP)
 	$(VENV)/bin/ruff check python test benchmarks
 	$(VENV)/bin/ruff format --check python test benchmarks
+	$(VENV)/bin/mypy python/sglang_mtp_dequant
 
 # -- the fix as a feature branch of sglang's own tree (upstream/BASE, upstream/series/) -------
 UPSTREAM_REPO := .cache/upstream/sglang

@@ -11,9 +11,9 @@ Each process is what one of sglang's scheduler processes is for the draft (the s
 ServerArgs (``tp_size=world``, ``ep_size=ep``) and joins sglang's own gloo process groups
 (``init_distributed_environment`` / ``initialize_model_parallel``), builds sglang's real
 ``Qwen3_5ForCausalLMMTP`` from the checkpoint's config and loads it through sglang's
-``DefaultModelLoader`` stream and the plugin's hook. Nothing is mocked; the only instrument is
-a subclass of ``DequantizingStream`` that keeps a reference to the stream the hook creates, so
-its ``stats`` (codes decoded, expert tensors passed on undecoded) can be written out.
+``DefaultModelLoader`` stream and the plugin's hook. Nothing is mocked or instrumented: the
+hook's record of the load (``context.last_draft_load()``) holds the stream's ``stats`` (codes
+decoded, expert tensors passed on undecoded), which are written out.
 
 The JSON written to ``--out``: the ranks sglang computed, the load's wall time, the stream's
 statistics, and a digest of every expert this rank's FusedMoE holds (by global expert id, from
@@ -52,18 +52,9 @@ def run(args: argparse.Namespace) -> dict:
 
     sglang_plugins.load_plugins()  # what run_scheduler_process does first
 
-    import sglang_mtp_dequant.serving.plugin as plugin
-
-    streams = []
-
-    class RecordedStream(plugin.DequantizingStream):
-        def __init__(self, *a, **kw) -> None:
-            super().__init__(*a, **kw)
-            streams.append(self)
-
-    plugin.DequantizingStream = RecordedStream  # the hook looks the class up at call time
-
     from sglang.srt.runtime_context import get_parallel
+
+    from sglang_mtp_dequant.serving import context
 
     join_parallel_world(
         args.folder, world_size=args.world, rank=args.rank, port=args.port, ep_size=args.ep
@@ -77,8 +68,9 @@ def run(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     type(model).load_weights(model, sglang_weights(config, model))
     load_s = time.perf_counter() - started
-    assert len(streams) == 1, f"the hook made {len(streams)} streams"
-    stats = streams[0].stats
+    load = context.last_draft_load()
+    assert load is not None, "the hook recorded no draft load"
+    stats = load.stats
 
     digests: dict[str, dict[int, str]] = {}
     for name, module in model.named_modules():

@@ -514,9 +514,10 @@ def audits(monkeypatch):
     seen: list[dict] = []
     original = plugin.check_loaded_draft
 
-    def spy(model, stream, writes, class_name, folder=None):
+    def spy(model, load):
+        writes = load.writes
         record = {
-            "class": class_name,
+            "class": load.class_name,
             "unwritten": writes.unwritten(),
             "skipped": writes.skipped_names(),
             "audited": set(writes.params),
@@ -525,7 +526,7 @@ def audits(monkeypatch):
             "all": {n for n, _ in model.named_parameters()},
         }
         seen.append(record)
-        record["findings"] = original(model, stream, writes, class_name, folder)
+        record["findings"] = original(model, load)
         return record["findings"]
 
     monkeypatch.setattr(plugin, "check_loaded_draft", spy)

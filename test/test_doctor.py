@@ -87,15 +87,17 @@ def test_one_dequantize_per_int8_draft_weight_and_ok(doctor_json, name):
     assert report["draft_class"] == "Qwen3_5ForCausalLMMTP" and report["hooked"] is True
     if name != "q35_dense_w4a8_dynamic":
         assert "copies the codes of" in report["stock_sglang"]
-    assert report["schema_version"] == 2 and report["unfilled_parameters"] == {}
+    assert report["schema_version"] == 3 and report["unfilled_parameters"] == {}
     assert report["folder"] == folder and "DefaultModelLoader" in report["resolved_by"]
-    assert report["dry_run"] == "Qwen3_5ForCausalLMMTP on the meta device"
+    assert (
+        report["dry_run"] == "Qwen3_5ForCausalLMMTP on the meta device, through the plugin's stream"
+    )
 
 
 def test_float_mtp_checkpoint_is_ok_with_nothing_to_do(doctor_json):
     code, report = doctor_json(fixture_dir("q35_dense_float_mtp"))
     assert code == 0 and report["verdict"] == "ok"
-    assert report["counts"] == {"dequantize": 0, "keep": 15, "error": 0}
+    assert report["counts"] == {"dequantize": 0, "keep": 15, "pass": 0, "error": 0}
     assert report["stock_sglang"].endswith("as the float it is: nothing to fix")
 
 
@@ -142,7 +144,7 @@ def test_quantized_types_stored_as_float_are_noted_and_left_to_the_guard(
     os.chmod(path, 0o644)
     save_file(tensors, path, metadata={"format": "pt"})
     code, report = doctor_json(folder)
-    assert code == 0 and report["counts"] == {"dequantize": 6, "keep": 9, "error": 0}
+    assert code == 0 and report["counts"] == {"dequantize": 6, "keep": 9, "pass": 0, "error": 0}
     (row,) = [t for t in report["tensors"] if t["name"] == name]
     assert row["action"] == "keep" and row["reason"].startswith("described as W8A8_DYNAMIC but")
     assert report["notes"] == [
@@ -163,9 +165,9 @@ def test_checkpoint_without_draft_tensors_is_an_error(doctor_json):
 
 def test_not_a_folder_is_an_error(doctor_json, tmp_path):
     code, report = doctor_json(str(tmp_path / "nope"))
-    assert code == 1 and report["verdict"] == "error"
+    assert code == 1 and report["verdict"] == "error" and report["error_kind"] == "missing-path"
     (problem,) = report["problems"]
-    assert "is not a checkpoint folder, and sglang found no local copy of it" in problem
+    assert problem.startswith(f"{tmp_path / 'nope'}: does not exist. What to do:")
 
 
 def test_corrupt_shard_is_an_error_naming_the_file(doctor_json, copy_checkpoint):

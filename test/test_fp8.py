@@ -317,7 +317,9 @@ def test_doctor_plans_fp8_and_sees_every_parameter_filled(tmp_path, kind, scheme
         assert row.scheme == scheme and row.dtype == "float8_e4m3fn", name
         assert row.companions == [name.replace(".weight", f".{suffix}")]
     assert report.verdict == "ok" and report.unfilled == {} and report.skipped == []
-    assert report.dry_run == "Qwen3_5ForCausalLMMTP on the meta device"
+    assert report.dry_run == (
+        "Qwen3_5ForCausalLMMTP on the meta device, through the plugin's stream"
+    )
 
 
 def test_doctor_refuses_the_float8_weight_without_scale(tmp_path):

@@ -383,8 +383,11 @@ class PassThrough:
 
 def _recorded_stock_load(folder: str):
     """Build the fixture's draft and load it with sglang's own load_weights, recording the
-    writes as the hook does, and return what ``check_loaded_draft`` takes."""
+    writes as the hook does, and return the model and the record ``check_loaded_draft``
+    takes (no plan: stock sglang plans nothing)."""
     from sglang_mtp_dequant.serving.drafts import spec_for_architecture
+    from sglang_mtp_dequant.serving.load_record import DraftLoad
+    from sglang_mtp_dequant.serving.stream import StreamStats
     from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
 
     config, model = new_draft(folder)
@@ -392,7 +395,8 @@ def _recorded_stock_load(folder: str):
     with WriteRecorder(model, spec.from_target) as writes:
         stream = PassThrough(spec.draft_names(model), writes.on_streamed)
         type(model).load_weights.__wrapped__(model, stream.apply(sglang_weights(config, model)))
-    return model, stream, writes
+    load = DraftLoad(Q35, folder, torch.bfloat16, None, stream.streamed, StreamStats(), writes, 0.0)
+    return model, load
 
 
 def test_check_loaded_draft_on_a_stock_load_names_codes_sources_and_skipped(
@@ -403,9 +407,9 @@ def test_check_loaded_draft_on_a_stock_load_names_codes_sources_and_skipped(
     stream's dtypes: no plan, so no file or description); the 14 scales and offsets the class
     skipped are listed; warn returns the findings; off nothing."""
     folder = fixture_dir("q35_dense_w8a8_dynamic")
-    model, stream, writes = _recorded_stock_load(folder)
+    model, load = _recorded_stock_load(folder)
     with pytest.raises(MisloadedDraftError) as caught:
-        check_loaded_draft(model, stream, writes, Q35, folder)
+        check_loaded_draft(model, load)
     error = caught.value
     assert sorted(f.parameter for f in error.findings) == sorted(DENSE_PROJECTIONS)
     for finding in error.findings:
@@ -423,14 +427,14 @@ def test_check_loaded_draft_on_a_stock_load_names_codes_sources_and_skipped(
     assert f"the {Q35} draft loaded from {folder} would serve garbage: raw codes" in str(error)
     assert "fed by mtp.layers.0.self_attn.o_proj.weight (int8, copied as raw codes)" in str(error)
     monkeypatch.setenv(MODE_ENV, "warn")
-    assert check_loaded_draft(model, stream, writes, Q35, folder) == error.findings
+    assert check_loaded_draft(model, load) == error.findings
     monkeypatch.setenv(MODE_ENV, "off")
-    assert check_loaded_draft(model, stream, writes, Q35, folder) == []
+    assert check_loaded_draft(model, load) == []
 
 
 def test_check_loaded_draft_passes_a_clean_stock_load_of_a_float_draft(sglang_cpu):
-    model, stream, writes = _recorded_stock_load(fixture_dir("q35_dense_float_mtp"))
-    assert check_loaded_draft(model, stream, writes, Q35, "/x") == []
+    model, load = _recorded_stock_load(fixture_dir("q35_dense_float_mtp"))
+    assert check_loaded_draft(model, load) == []
 
 
 # -- through sglang's real hook --------------------------------------------------------------

@@ -150,18 +150,18 @@ def test_cli_verify_on_an_unhooked_architecture(capsys, tmp_path):
     log = str(tmp_path / "sglang.log")
     code = main(["verify", fixture_dir("qwen3_v0_w4a16_per_group"), "--log", log])
     out = capsys.readouterr().out
-    assert code == 1 and "a draft class whose load_weights this plugin does not hook" in out
-    assert out.rstrip().splitlines()[-1].startswith("verdict: error")
+    assert code == 4 and "a draft class this plugin does not hook (not supported yet)" in out
+    assert out.rstrip().splitlines()[-1].startswith("verdict: unsupported")
 
 
 def test_nothing_checked_is_never_ok():
     """Rows that could not be compared (no independent rule, nothing the reference wrote)
-    make no verdict: an error, never "ok"."""
+    make no clean verdict: "unchecked" with its reason, never "ok"."""
     report = VerifyReport(requested="/ckpt")
     report.rows = [ParamRow("model.layers.0.mlp.experts.w13_weight", [], why="no rule")]
     assert report.checked == 0 and not report.ok
     assert render_verify(report).splitlines()[-1] == (
-        "verdict: error - no draft parameter could be checked"
+        "verdict: unchecked - no draft parameter could be checked"
     )
 
 

@@ -23,7 +23,7 @@ from typing import ClassVar
 import torch
 
 from ...errors import DraftWeightError
-from ..checkpoint import TensorInfo
+from ..checkpoint import TensorInfo, dtype_name
 from .affine import AffineDecoder
 
 REEXPORT = "re-export the checkpoint with msmodelslim, or serve the draft quantized"
@@ -100,7 +100,7 @@ class Scheme(ABC):
 
 
 def _names(dtypes: tuple[torch.dtype, ...]) -> str:
-    return "/".join(str(d).replace("torch.", "") for d in dtypes)
+    return "/".join(dtype_name(d) for d in dtypes)
 
 
 _REGISTRY: dict[str, Scheme] = {}

@@ -212,6 +212,7 @@ class W4A8Dynamic(Scheme):
         raw_scale = require(weight, values, "weight_scale", self.types[0])
         out = _out_features(weight, raw_scale, self.types[0])
         rows, cols = weight.shape[-2:]
+        inner: _PackedCodes | _OneCodePerByte
         if rows * 2 == out:
             inner = _PackedCodes(OUT_AXIS)
         elif rows == out:
@@ -272,6 +273,7 @@ class W4A16Int4(Scheme):
         per_group = raw_scale.ndim == len(weight.shape) and raw_scale.shape[-1] > 1
         packed = format_version == PACKED_VERSION
         rows, cols = weight.shape[-2:]
+        inner: _PackedCodes | _OneCodePerByte
         if rows * 2 == out:
             inner, logical = _PackedCodes(OUT_AXIS), (out, cols)
         elif rows != out:

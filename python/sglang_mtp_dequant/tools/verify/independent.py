@@ -82,12 +82,14 @@ def independent_dequantize(
     if described in ("W4A8_DYNAMIC", "W4A16"):
         if scale is None:
             return None
-        q = _int4_codes(q, scale, described, version)
-        if q is None:
+        unpacked = _int4_codes(q, scale, described, version)
+        if unpacked is None:
             return None
+        q = unpacked
         second = companion.get("weight_scale_second")
         if second is not None:
-            return (q.float() * _expand(second, *q.shape)) * _expand(scale, *q.shape)
+            s2, s = _expand(second, *q.shape), _expand(scale, *q.shape)
+            return None if s2 is None or s is None else (q.float() * s2) * s
     rows, cols = q.shape
     if scale is not None:
         s = _expand(scale, rows, cols)

@@ -1,0 +1,251 @@
+"""One sglang server, started as users start it, on the CPU, and stopped with nothing left.
+
+Usage::
+
+    run = ServerRun("plugin", target="/models/float", draft="/models/w8a8", plugin=True)
+    with Server(run, log_dir=".cache/e2e") as server:      # waits for /health
+        print(server.port, server.log_path)
+    # here the server and every process it spawned are gone (also on Ctrl-C or an error)
+
+The command is ``python -m sglang.launch_server`` with EAGLE's flags, the draft built
+unquantized (``--speculative-draft-model-quantization unquant``), and the flags sglang needs
+on a CPU with no sgl-kernel (docs/results.md says why each is there). The environment adds
+``TRITON_INTERPRET=1`` (sglang's Triton kernels run under Triton's interpreter) and this
+package's ``site/`` folder first on ``PYTHONPATH`` (the CPU shims, ``site/sitecustomize.py``);
+``SGLANG_PLUGINS=none`` switches the plugin off the way sglang documents.
+
+The server runs in its own session (process group): stopping it signals the whole group,
+then waits until no process of the group is left, escalating from SIGTERM to SIGKILL. Should
+the harness itself be killed, the launcher gets SIGTERM from the kernel (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SITE = os.path.join(HERE, "site")
+
+#: EAGLE with the draft's own MTP head: 3 steps, top-1, 4 draft tokens
+SPECULATIVE_FLAGS = (
+    "--speculative-algorithm", "EAGLE",
+    "--speculative-num-steps", "3",
+    "--speculative-eagle-topk", "1",
+    "--speculative-num-draft-tokens", "4",
+    "--speculative-draft-model-quantization", "unquant",
+)  # fmt: skip
+#: sglang on a CPU without sgl-kernel (docs/results.md, "What was real")
+CPU_FLAGS = (
+    "--device", "cpu",
+    "--attention-backend", "triton",
+    "--dtype", "float32",
+    "--disable-cuda-graph",
+    "--skip-tokenizer-init",
+    "--triton-attention-num-kv-splits", "1",
+    "--disable-overlap-schedule",
+    "--mamba-radix-cache-strategy", "no_buffer",
+    "--disable-radix-cache",
+    "--mem-fraction-static", "0.05",
+    "--max-total-tokens", "8192",
+    "--max-running-requests", "4",
+    "--context-length", "1024",
+    "--chunked-prefill-size", "1024",
+    "--random-seed", "0",
+)  # fmt: skip
+
+
+#: set in every server process's environment to its log's path: children inherit it, so any
+#: process of a server can be found (tests check that none outlives its run)
+RUN_MARK = "SGLANG_MTP_DEQUANT_E2E_SERVER_LOG"
+
+
+class ServerError(RuntimeError):
+    """A server that did not start or answer; the message ends with its log's tail."""
+
+
+@dataclass(frozen=True)
+class ServerRun:
+    """One server of the comparison: what it serves and whether the plugin is on."""
+
+    label: str
+    target: str
+    draft: str | None  # None: no speculative decoding (the reference run)
+    plugin: bool
+
+    def command(self, port: int) -> list[str]:
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.target]
+        cmd += ["--host", "127.0.0.1", "--port", str(port), *CPU_FLAGS]
+        if self.draft is not None:
+            cmd += [*SPECULATIVE_FLAGS, "--speculative-draft-model-path", self.draft]
+        return cmd
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["TRITON_INTERPRET"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE, env.get("PYTHONPATH")) if p)
+        env.pop("SGLANG_USE_CPU_ENGINE", None)  # needs sgl-kernel's CPU build (docs)
+        if self.plugin:
+            env.pop("SGLANG_PLUGINS", None)
+        else:
+            env["SGLANG_PLUGINS"] = "none"
+        return env
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (the kernel's choice)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def log_tail(path: str, lines: int = 25) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return "".join(deque(handle, maxlen=lines))
+    except OSError:
+        return "(no log)"
+
+
+class Server:
+    """A running ``sglang.launch_server`` for one ``ServerRun`` (a context manager)."""
+
+    def __init__(
+        self,
+        run: ServerRun,
+        log_dir: str,
+        port: int | None = None,
+        start_timeout: float = 600.0,
+    ) -> None:
+        self.run = run
+        self.port = port if port is not None else free_port()
+        self.log_path = os.path.join(log_dir, f"server-{run.label}.log")
+        self.start_timeout = start_timeout
+        self.process: subprocess.Popen | None = None
+        self.started_seconds = 0.0
+
+    def __enter__(self) -> Server:
+        if port_in_use(self.port):
+            raise ServerError(f"port {self.port} on 127.0.0.1 is in use: pick another --port")
+        os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
+        started = time.perf_counter()
+        with open(self.log_path, "w", encoding="utf-8") as log:
+            self.process = subprocess.Popen(
+                self.run.command(self.port),
+                env={**self.run.environment(), RUN_MARK: self.log_path},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_terminate_with_parent,
+            )
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        self.started_seconds = time.perf_counter() - started
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _wait_healthy(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                raise ServerError(
+                    f"the {self.run.label} server exited with status {code} during start-up; "
+                    f"log {self.log_path}, last lines:\n{log_tail(self.log_path)}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(1.0)
+        raise ServerError(
+            f"the {self.run.label} server did not answer /health within "
+            f"{self.start_timeout:.0f} s; log {self.log_path}, last lines:\n"
+            f"{log_tail(self.log_path)}"
+        )
+
+    def stop(self, grace: float = 30.0) -> None:
+        """Signal the server's whole process group; return once no process of it is left."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        group = process.pid  # start_new_session: the launcher leads its own group
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(group, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                process.poll()  # reap the launcher itself
+                if not group_alive(group):
+                    return
+                time.sleep(0.2)
+        process.poll()
+        if group_alive(group):
+            raise ServerError(f"processes of the {self.run.label} server (group {group}) survive")
+
+
+def _terminate_with_parent() -> None:
+    """In the server's launcher, before exec: SIGTERM it if the harness dies without
+    stopping it (a SIGKILL cannot be handled); sglang's launcher then stops its children."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def group_alive(group: int) -> bool:
+    """Whether any process of process group ``group`` exists (zombies not counted)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return any(_in_group(pid, group) for pid in _pids())
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _in_group(pid: int, group: int) -> bool:
+    """``pid`` is a live (not zombie) member of ``group``, from /proc/<pid>/stat."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            stat = handle.read()
+    except OSError:
+        return False
+    fields = stat.rpartition(")")[2].split()
+    return fields[0] != "Z" and int(fields[2]) == group

@@ -1,0 +1,84 @@
+"""CPU environment shims for sglang's server processes in ``make e2e`` (and nothing else).
+
+The end-to-end harness (``benchmarks/e2e_server.py``) puts this folder first on
+``PYTHONPATH`` of the servers it starts, so Python runs this file at start-up in the launcher
+and in every process sglang spawns (scheduler, tokenizer, detokenizer). It is never on the
+path of anything else, and never part of the plugin. Each shim covers what a CPU-only machine
+lacks; none replaces attention, matmul, sampling or acceptance code:
+
+1. torchvision: PyPI's wheel is a CUDA build whose import fails beside CPU torch; only then
+   its two operator schemas are defined (``sglang_mtp_dequant.tools.cpu_env``).
+2. ``vllm._custom_ops``: off CUDA, ``RotaryEmbedding.__init__`` imports its rotary kernel,
+   which the CPU forward never calls; a placeholder that raises if called is installed.
+3. Speculative tree dispatch: on a platform sglang does not recognise,
+   ``sglang/kernels/ops/speculative/spec_tree.py`` sends tree building to a CUDA kernel that
+   is not there (``NameError``) and its greedy verification falls through to a SILENT NO-OP.
+   Setting that module's ``_is_xpu`` routes both to sglang's own Triton implementations (its
+   XPU branch), which Triton's interpreter runs on the CPU. The first call of each Triton
+   implementation prints a line the harness requires in every speculative server's log, so
+   a shim that did not take effect fails the run instead of passing silently.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+
+MARK = "sglang-mtp-dequant e2e shim:"
+SPEC_TREE = "sglang.kernels.ops.speculative.spec_tree"
+#: the Triton implementations the XPU branch calls, each announced on its first call
+TRITON_TREE_FUNCTIONS = ("sgl_build_tree_kernel_triton", "verify_tree_greedy_triton")
+
+
+def _say(message: str) -> None:
+    print(f"{MARK} {message} (pid {os.getpid()})", file=sys.stderr, flush=True)
+
+
+def _announce_first_call(module, name: str) -> None:
+    original = getattr(module, name)
+    called = []
+
+    @functools.wraps(original)
+    def announced(*args, **kwargs):
+        if not called:
+            called.append(True)
+            _say(f"{SPEC_TREE}.{name} ran")
+        return original(*args, **kwargs)
+
+    setattr(module, name, announced)
+
+
+class _SpecTreeRouting(importlib.abc.MetaPathFinder):
+    """After ``spec_tree`` executes: take its XPU branch (sglang's Triton kernels)."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != SPEC_TREE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_route(module):
+            exec_module(module)
+            module._is_xpu = True
+            for name in TRITON_TREE_FUNCTIONS:
+                _announce_first_call(module, name)
+            _say(f"{SPEC_TREE} routed to sglang's Triton tree kernels (_is_xpu = True)")
+
+        spec.loader.exec_module = exec_and_route
+        return spec
+
+
+def _install() -> None:
+    from sglang_mtp_dequant.tools.cpu_env import ensure_torchvision_importable, vllm_placeholder
+
+    ensure_torchvision_importable()
+    sys.modules.update(vllm_placeholder())
+    sys.meta_path.insert(0, _SpecTreeRouting())
+
+
+_install()

@@ -1,0 +1,157 @@
+"""``make e2e`` on bad input: a clear message in seconds, a non-zero exit, no process left.
+
+The harness (``benchmarks/e2e_server.py``) is run as users run it, as a command. Its passing
+run (four real sglang servers, minutes on this CPU) is ``make e2e`` / ``make e2e-short``,
+which CI runs at every landing (``.ci/run``); these tests cover what must fail fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HARNESS = os.path.join(ROOT, "benchmarks", "e2e_server.py")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from e2e.server import RUN_MARK  # noqa: E402
+
+E2E = os.path.join(ROOT, "test", "fixtures", "e2e")
+FLOAT, W8A8 = os.path.join(E2E, "float"), os.path.join(E2E, "w8a8")
+
+
+def run_harness(*args: str, timeout: float = 120.0) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, HARNESS, *args], capture_output=True, text=True, timeout=timeout
+    )
+    return out, time.perf_counter() - started
+
+
+def server_processes(log_dir) -> list[str]:
+    """Live processes of any server whose log is under ``log_dir``: the launcher and every
+    process it spawned inherit ``RUN_MARK`` (set to the server's log path) in their
+    environment."""
+    mark = f"{RUN_MARK}={log_dir}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                environ = handle.read().split(b"\0")
+            with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+                state = handle.read().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(entry.startswith(mark) for entry in environ):
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                found.append(f"{pid}: " + handle.read().replace(b"\0", b" ").decode()[:200])
+    return found
+
+
+def test_the_bundled_default_is_what_the_harness_serves():
+    """The default TARGET / DRAFT exist, and the draft really holds int8 MTP codes."""
+    from safetensors import safe_open
+
+    with open(os.path.join(FLOAT, "config.json")) as handle:
+        config = json.load(handle)
+    assert config["full_attention_interval"] == 1
+    assert set(config["layer_types"]) == {"full_attention"}
+    with safe_open(os.path.join(W8A8, "quant_model_weights-00001-of-00001.safetensors"), "np") as f:
+        codes = [n for n in f.keys() if n.startswith("mtp.") and f.get_slice(n).get_dtype() == "I8"]  # noqa: SIM118
+    assert len(codes) == 7, codes
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--target", "/nonexistent/float"], "TARGET /nonexistent/float does not exist"),
+        (["--draft", "/nonexistent/w8a8"], "DRAFT /nonexistent/w8a8 does not exist"),
+        (
+            ["--draft", os.path.join(W8A8, "quant_model_weights-00001-of-00001.safetensors")],
+            "is a file, not a folder",
+        ),
+        (["--draft", FLOAT], "every mtp.* tensor is float: there is nothing for the plugin"),
+    ],
+    ids=["target-missing", "draft-missing", "draft-is-a-file", "draft-float"],
+)
+def test_bad_folders_are_refused_in_seconds(args, said):
+    out, seconds = run_harness(*args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert said in out.stdout
+    assert seconds < 10, seconds
+
+
+def test_a_draft_without_mtp_tensors_is_refused(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    draft = tmp_path / "no_mtp"
+    draft.mkdir()
+    shutil.copy(os.path.join(W8A8, "config.json"), draft)
+    save_file({"model.norm.weight": np.ones(4, np.float32)}, str(draft / "model.safetensors"))
+    out, seconds = run_harness("--draft", str(draft))
+    assert out.returncode == 2
+    assert f"DRAFT {draft} has no mtp.* tensors" in out.stdout
+    assert seconds < 10
+
+
+def test_a_port_in_use_is_refused_before_a_server_starts(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out, seconds = run_harness("--port", str(port), "--log-dir", str(tmp_path))
+    assert out.returncode == 1
+    assert f"port {port} on 127.0.0.1 is in use" in out.stdout
+    assert seconds < 30  # the prompts (sglang's corpus) are read first
+    assert not server_processes(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_during_start_up_is_reported_with_its_log(tmp_path):
+    """A target sglang cannot build (an unknown architecture): the server exits during
+    start-up; the harness says so with the log's tail, exits 1, leaves no process."""
+    target = tmp_path / "broken"
+    shutil.copytree(FLOAT, target)
+    config = json.loads((target / "config.json").read_text())
+    config["architectures"] = ["NoSuchModelForCausalLM"]
+    (target / "config.json").write_text(json.dumps(config))
+    out, _ = run_harness("--target", str(target), "--log-dir", str(tmp_path / "logs"), timeout=600)
+    assert out.returncode == 1, out.stdout[-3000:]
+    assert "the reference server exited with status" in out.stdout
+    assert "last lines:" in out.stdout and "NoSuchModelForCausalLM" in out.stdout
+    assert not server_processes(tmp_path / "logs")
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_start_up_stops_the_server(tmp_path):
+    """SIGINT while the first server starts (its launcher and a spawned child alive): exit
+    130 and no process of it left."""
+    log_dir = tmp_path / "logs"
+    proc = subprocess.Popen(
+        [sys.executable, HARNESS, "--log-dir", str(log_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(server_processes(log_dir)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(server_processes(log_dir)) >= 2, "the server never spawned its processes"
+        proc.send_signal(signal.SIGINT)
+        stdout, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # a failed assertion above: stop it the other documented way
+            proc.terminate()
+            proc.communicate(timeout=120)
+    assert proc.returncode == 130, stdout[-3000:]
+    assert "interrupted; every server started has been stopped" in stdout
+    assert not server_processes(log_dir)
