@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 DEMO_CKPT := test/fixtures/modelslim/q35_dense_w8a8_dynamic
 DEMO_REF := test/fixtures/reference/q35_dense_w8a8_dynamic.safetensors
 
-.PHONY: venv demo test accept bench bench-scaling lint e2e e2e-short
+.PHONY: venv demo test accept bench bench-scaling lint e2e e2e-short upstream-tree upstream-test upstream-series
 
 venv: $(STAMP)
 
@@ -73,3 +73,24 @@ lint: $(LINT_STAMP)
 	$(VENV)/bin/ruff check python test benchmarks
 	$(VENV)/bin/ruff format --check python test benchmarks
 	$(VENV)/bin/mypy python/sglang_mtp_dequant
+
+# -- the fix as a feature branch of sglang's own tree (upstream/BASE, upstream/series/) -------
+UPSTREAM_REPO := .cache/upstream/sglang
+# The end-to-end server run against the patched tree (benchmarks/e2e/) plugs in here: a shell
+# command, run by `make upstream-test` with the tree first on PYTHONPATH, SGLANG_PLUGINS=none
+# and UPSTREAM_TREE set. Empty: that step says it did not run.
+UPSTREAM_E2E ?=
+
+# the pinned wheel (sha256 checked) -> a git repo whose first commit is its sglang/ at
+# python/sglang/ -> upstream/series/*.patch applied by git am; reuses what is current
+upstream-tree: $(STAMP)
+	$(VPY) upstream/tree.py tree --repo $(UPSTREAM_REPO) --python $(VPY)
+
+# sglang's collect_tests + run_unittest_files on the branch's registered tests (plugin off),
+# the same tests red on the baseline, fixtures bit-identical to the plugin, then UPSTREAM_E2E
+upstream-test: upstream-tree
+	UPSTREAM_E2E='$(UPSTREAM_E2E)' $(VPY) upstream/run_tests.py --repo $(UPSTREAM_REPO)
+
+# after committing on the tree's branch: rewrite upstream/series/ from it
+upstream-series:
+	$(VPY) upstream/tree.py export --repo $(UPSTREAM_REPO)

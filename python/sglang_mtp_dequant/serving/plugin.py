@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib
+import importlib.util
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -126,10 +127,31 @@ def bypassed() -> Iterator[None]:
         _BYPASS.reset(token)
 
 
+#: the module sglang's own fix adds (upstream/series/): where it exists, sglang dequantizes
+#: ModelSlim draft weights itself and the plugin steps aside
+UPSTREAM_FIX = "sglang.srt.layers.quantization.modelslim.modelslim_draft"
+
+
+def sglang_dequantizes_drafts() -> bool:
+    """Whether this sglang has the fix itself (feature-detected, not by version)."""
+    try:
+        return importlib.util.find_spec(UPSTREAM_FIX) is not None
+    except ImportError:
+        return False
+
+
 def make_load_weights_hook(spec: DraftSpec) -> Callable[..., Any]:
     def load_weights_with_dequant(original, model, weights, *args, **kwargs):
         if _BYPASS.get() or getattr(model, "quant_config", None) is not None:
             # the user asked for a quantized draft: its quantized layers consume the codes
+            return original(model, weights, *args, **kwargs)
+        if sglang_dequantizes_drafts():
+            logger.info(
+                "sglang-mtp-dequant: this sglang dequantizes ModelSlim draft weights itself "
+                "(%s); the plugin leaves the %s draft load to it",
+                UPSTREAM_FIX,
+                spec.class_name,
+            )
             return original(model, weights, *args, **kwargs)
         is_draft = spec.draft_names(model)
         planner = DraftPlanner(is_draft)
