@@ -33,6 +33,7 @@ COMPANION_SUFFIXES = (
     "weight_scale_second",
     "weight_offset_second",
     "weight_scale_inv",
+    "weight_dual_scale",
 )
 
 #: name tokens sglang's draft loaders add or drop between checkpoint and parameter names
