@@ -226,6 +226,14 @@ def write_modelslim_checkpoint(
 MX_BLOCK = 32
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal dtype, shape and bit pattern (``torch.equal`` takes -0.0 for 0.0 and fails NaN)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]
+    return torch.equal(a.contiguous().view(view), b.contiguous().view(view))
+
+
 def e4m3_value(byte: int) -> float:
     """An OCP float8 E4M3 (fn) byte: sign, 4 exponent bits (bias 7), 3 mantissa bits;
     exponent 0 is subnormal, S.1111.111 is NaN (no infinities)."""

@@ -34,6 +34,7 @@ from reference import (
     load_all,
     pack_fp4,
     quantize_mx,
+    same_bits,
     write_modelslim_checkpoint,
 )
 from sglang_mtp_dequant.errors import DraftWeightError
@@ -45,14 +46,6 @@ from sglang_mtp_dequant.formats.schemes.mx import e8m0_to_float32, unpack_e2m1
 FLOAT = "q35_dense_float_mtp"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FP4_TYPES = ("W4A4_MXFP4", "W4A8_MXFP")
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal dtype, shape and bit pattern (``torch.equal`` takes -0.0 for 0.0 and fails NaN)."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]
-    return torch.equal(a.contiguous().view(view), b.contiguous().view(view))
 
 
 def info(name="mtp.layers.0.mlp.up_proj.weight", dtype=torch.uint8, shape=(4, 16)) -> TensorInfo:
