@@ -178,3 +178,16 @@ def test_doctor_plans_every_projection(name):
     assert planned == sorted(n for names in DENSE_PROJECTIONS.values() for n in names)
     assert {t.scheme for t in report.tensors if t.action == "dequantize"} == {FIXTURES[name]}
     assert report.verdict == "ok" and report.unfilled == {} and report.skipped == []
+
+
+@pytest.mark.parametrize("name", ["q35_dense_w8a8_mxfp8", "q35_dense_w4a4_mxfp4_dualscale"])
+def test_verify_is_exact_on_the_tools_mx_output(sglang_cpu, name):
+    """``verify``'s own independent decoder (``tools/verify/independent.py``) agrees with the
+    plugin's load on every projection: exact, and stock loads something else."""
+    from sglang_mtp_dequant.tools.verify import run_verify
+
+    report = run_verify(fixture_dir(name), reference=reference_file(name))
+    assert report.ok, report
+    rows = {r.parameter: r for r in report.rows}
+    for param in DENSE_PROJECTIONS:
+        assert rows[param].quantized and rows[param].check == "exact", rows[param]
