@@ -10,6 +10,10 @@ What the saver writes (``modelslim_v1/save/ascendv1.py``):
 - ``on_wfp8afp8_dynamic_per_channel``: ``weight`` float8_e4m3fn (out, in), ``weight_scale``
   f32 (out, 1), ``weight_offset`` f32 zeros (out, 1).
 
+WFP8AFP8_DYNAMIC is also checked on the tool's own output (``q35_dense_wfp8afp8_dynamic``,
+``_gen/build_mx.sh``). msmodelslim 26.1.0 cannot write W4A4_DYNAMIC on the CPU, or anywhere
+through its V1 ``linear_quant`` (no int4 activation quantizer is registered: FAILED.md, 9.).
+
 Expected values: ``reference.dequantize_affine_loops``, element by element in numpy f32, float8
 codes decoded from their bit fields. The checkpoints are the float-MTP fixture's float weights
 quantized with the tool's formulas (``ir/api/impl/int_quantization.py``,
@@ -31,6 +35,7 @@ from conftest import fixture_dir, reference_file
 from reference import (
     DENSE_PROJECTIONS,
     dequantize_affine_loops,
+    description,
     load_all,
     same_bits,
     write_modelslim_checkpoint,
@@ -299,3 +304,43 @@ def test_stock_sglang_loads_the_raw_codes(load_draft, tmp_path):
     for param in DENSE_PROJECTIONS:
         assert float(w4[param].abs().max()) in (7.0, 8.0), param
         assert float(f8[param].abs().max()) == 448.0, param
+
+
+# -- WFP8AFP8_DYNAMIC as msmodelslim itself wrote it ---------------------------------------------
+
+TOOL_FP8 = "q35_dense_wfp8afp8_dynamic"
+
+
+def test_the_tools_wfp8afp8_output_has_the_saver_layout():
+    tensors, desc = load_all(fixture_dir(TOOL_FP8)), description(fixture_dir(TOOL_FP8))
+    assert desc["model_quant_type"] == "WFP8AFP8_DYNAMIC"
+    for names in DENSE_PROJECTIONS.values():
+        for n in names:
+            base = n[: -len(".weight")]
+            w, s, o = (tensors[base + x] for x in (".weight", ".weight_scale", ".weight_offset"))
+            assert w.dtype == torch.float8_e4m3fn and s.dtype == o.dtype == torch.float32
+            assert s.shape == o.shape == (w.shape[0], 1) and not bool(o.any())
+            assert desc[n] == desc[base + ".weight_scale"] == "WFP8AFP8_DYNAMIC"
+
+
+def test_the_tools_wfp8afp8_draft_bit_exact_and_within_its_error(load_draft):
+    """Bit for bit the reference; within e4m3's half spacing (2**-4 relative, 2**-10 steps
+    below the normal range) of the original weight, plus the bf16 rounding."""
+    folder = fixture_dir(TOOL_FP8)
+    tensors, original = load_all(folder), load_file(reference_file(TOOL_FP8))
+    params = dict(load_draft(folder).named_parameters())
+    for param, names in DENSE_PROJECTIONS.items():
+        parts = [
+            dequantize_affine_loops(tensors[n], tensors[n[:-7] + ".weight_scale"], None)
+            for n in names
+        ]
+        got = params[param].detach()
+        assert same_bits(got, torch.cat(parts).bfloat16()), param
+        rows = 0
+        for n in names:
+            w = original[n].float()
+            mine = got[rows : rows + w.shape[0]].float()
+            rows += w.shape[0]
+            scale = tensors[n[:-7] + ".weight_scale"]
+            bound = w.abs() * (2.0**-4 + 2.0**-8) + scale * 2.0**-10
+            assert bool(((mine - w).abs() <= bound).all()), n
