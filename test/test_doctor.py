@@ -27,7 +27,7 @@ from sglang_mtp_dequant.tools.doctor.analysis import STOCK_LOUD, STOCK_SILENT, S
 Q35 = (*DENSE_W8, "q35moe_w8a8_dynamic", "q35_dense_float_mtp", "q35_dense_w4a8_dynamic")
 
 
-UNDECODED = "W8A8_MXFP8"  # a type sglang's modelslim knows and this plugin does not decode
+UNDECODED = "W4A4_MXFP4_SVD"  # a type msmodelslim writes and this plugin does not decode
 
 
 def undecoded_scheme_copy(copy_checkpoint) -> str:

@@ -97,7 +97,7 @@ def test_refused_checkpoint_is_an_error_with_both_outcomes(sglang_cpu, copy_chec
     path = os.path.join(folder, "quant_model_description.json")
     with open(path) as handle:
         desc = json.load(handle)
-    desc["mtp.layers.0.mlp.up_proj.weight"] = "W8A8_MXFP8"
+    desc["mtp.layers.0.mlp.up_proj.weight"] = "W4A4_MXFP4_SVD"
     os.chmod(path, 0o644)
     with open(path, "w") as handle:
         json.dump(desc, handle)

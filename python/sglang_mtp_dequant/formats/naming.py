@@ -33,6 +33,7 @@ COMPANION_SUFFIXES = (
     "weight_scale_second",
     "weight_offset_second",
     "weight_scale_inv",
+    "weight_dual_scale",
 )
 
 #: tensors a ModelSlim export keeps beside an attention block for Ascend's quantized attention

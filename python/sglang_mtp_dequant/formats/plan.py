@@ -120,7 +120,7 @@ class DequantPlan:
             )
             return PlannedTensor(info, described, "keep", why, companions=companions), None
         if described in (None, "FLOAT"):
-            type_name = infer_type(info, set(companions))
+            type_name = infer_type(info, companions)
         else:
             type_name = described
         entry = PlannedTensor(info, described, "error", "", scheme=type_name, companions=companions)
