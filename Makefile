@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 DEMO_CKPT := test/fixtures/modelslim/q35_dense_w8a8_dynamic
 DEMO_REF := test/fixtures/reference/q35_dense_w8a8_dynamic.safetensors
 
-.PHONY: venv demo test accept bench bench-scaling lint e2e e2e-short upstream-tree upstream-test upstream-series
+.PHONY: venv demo test test-fast accept bench bench-scaling lint e2e e2e-short upstream-tree upstream-test upstream-series
 
 venv: $(STAMP)
 
@@ -30,6 +30,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VPY) -m pytest -q
+
+# the unit layer alone: formats, naming, plan, ownership; no sglang import (checked), seconds
+test-fast: $(STAMP)
+	$(VPY) -m pytest -q test/unit
 
 accept: $(STAMP)
 	$(VPY) -m pip install -qq --no-deps -r requirements/accept.txt
@@ -70,16 +74,16 @@ $(LINT_STAMP): $(STAMP) requirements/lint.txt
 	touch $(LINT_STAMP)
 
 lint: $(LINT_STAMP)
-	$(VENV)/bin/ruff check python test benchmarks
-	$(VENV)/bin/ruff format --check python test benchmarks
+	$(VENV)/bin/ruff check python test benchmarks upstream
+	$(VENV)/bin/ruff format --check python test benchmarks upstream
 	$(VENV)/bin/mypy python/sglang_mtp_dequant
 
 # -- the fix as a feature branch of sglang's own tree (upstream/BASE, upstream/series/) -------
 UPSTREAM_REPO := .cache/upstream/sglang
-# The end-to-end server run against the patched tree (benchmarks/e2e/) plugs in here: a shell
-# command, run by `make upstream-test` with the tree first on PYTHONPATH, SGLANG_PLUGINS=none
-# and UPSTREAM_TREE set. Empty: that step says it did not run.
-UPSTREAM_E2E ?=
+# The end-to-end server run against the patched tree: sglang's own server with EAGLE on the
+# CPU, the branch's tree serving with the plugin off, beside stock sglang (make e2e's harness,
+# 2 prompts x 16 tokens). `make upstream-test UPSTREAM_E2E=` skips it (the step says so).
+UPSTREAM_E2E ?= $(VPY) benchmarks/e2e_server.py --short --upstream-tree $(UPSTREAM_REPO) --json .cache/e2e/upstream.json
 
 # the pinned wheel (sha256 checked) -> a git repo whose first commit is its sglang/ at
 # python/sglang/ -> upstream/series/*.patch applied by git am; reuses what is current
@@ -88,7 +92,7 @@ upstream-tree: $(STAMP)
 
 # sglang's collect_tests + run_unittest_files on the branch's registered tests (plugin off),
 # the same tests red on the baseline, fixtures bit-identical to the plugin, then UPSTREAM_E2E
-upstream-test: upstream-tree
+upstream-test: upstream-tree $(E2E_STAMP)
 	UPSTREAM_E2E='$(UPSTREAM_E2E)' $(VPY) upstream/run_tests.py --repo $(UPSTREAM_REPO)
 
 # after committing on the tree's branch: rewrite upstream/series/ from it

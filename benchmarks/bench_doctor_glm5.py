@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "test"))
 from bench_doctor import write_sparse_checkpoint  # noqa: E402
 from machine import describe  # noqa: E402
 
-from real_layouts import draft_rows, glm51_w8a8, write_checkpoint  # noqa: E402
+from support.real_layouts import draft_rows, glm51_w8a8, write_checkpoint  # noqa: E402
 
 
 def console(folder: str, log: str) -> tuple[float, dict, int]:

@@ -16,9 +16,9 @@ import sys
 import pytest
 from safetensors.torch import save_file
 
-from conftest import fixture_dir, reference_file
 from sglang_mtp_dequant.tools.cli import main
 from sglang_mtp_dequant.tools.verdicts import EXIT_CODES, MEANINGS
+from support.paths import fixture_dir, reference_file
 
 PROBE = """
 import json, sys, time

@@ -26,10 +26,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import fixture_dir
-from draft_cases import CASES, Layout, expected
 from sglang_mtp_dequant.errors import DraftWeightError
 from sglang_mtp_dequant.serving.guard import MODE_ENV, MisloadedDraftError
+from support.draft_cases import CASES, Layout, expected
+from support.paths import fixture_dir
 
 DENSE = "q35_dense_w8a8_dynamic"
 FLOAT = "q35_dense_float_mtp"

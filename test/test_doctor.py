@@ -15,14 +15,15 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from conftest import DENSE_W8, fixture_dir
 from sglang_mtp_dequant.errors import DraftWeightError
 from sglang_mtp_dequant.serving.context import sglang_version
 from sglang_mtp_dequant.tools.cli import main
 from sglang_mtp_dequant.tools.doctor import diagnose
 from sglang_mtp_dequant.tools.doctor.analysis import STOCK_LOUD, STOCK_SILENT, STOCK_UNKNOWN
+from support.checkpoints import dropping, edit_description, edit_tensors
+from support.paths import DENSE_W8, fixture_dir
 
 Q35 = (*DENSE_W8, "q35moe_w8a8_dynamic", "q35_dense_float_mtp", "q35_dense_w4a8_dynamic")
 
@@ -34,14 +35,8 @@ def undecoded_scheme_copy(copy_checkpoint) -> str:
     """The W8A8_DYNAMIC fixture with its int8 MTP weights described as a scheme we do not
     decode (stock sglang would copy their codes)."""
     folder = copy_checkpoint("q35_dense_w8a8_dynamic")
-    path = os.path.join(folder, "quant_model_description.json")
-    with open(path) as handle:
-        desc = json.load(handle)
-    for name in int8_draft_weights(folder):
-        desc[name] = UNDECODED
-    os.chmod(path, 0o644)
-    with open(path, "w") as handle:
-        json.dump(desc, handle)
+    names = int8_draft_weights(folder)
+    edit_description(folder, lambda desc: desc.update(dict.fromkeys(names, UNDECODED)))
     return folder
 
 
@@ -116,11 +111,7 @@ def test_undecoded_scheme_is_an_error_naming_each_tensor(doctor_json, copy_check
 def missing_scale_copy(copy_checkpoint) -> str:
     """The W8A8_DYNAMIC fixture without ``mtp.layers.0.mlp.up_proj.weight_scale``."""
     folder = copy_checkpoint("q35_dense_w8a8_dynamic")
-    (path,) = glob.glob(os.path.join(folder, "*.safetensors"))
-    tensors = load_file(path)
-    del tensors["mtp.layers.0.mlp.up_proj.weight_scale"]
-    os.chmod(path, 0o644)
-    save_file(tensors, path, metadata={"format": "pt"})
+    edit_tensors(folder, dropping("mtp.layers.0.mlp.up_proj.weight_scale"))
     index = os.path.join(folder, "quant_model_weights.safetensors.index.json")
     os.chmod(index, 0o644)
     os.remove(index)  # the index would otherwise (rightly) name the missing tensor's shard
@@ -143,12 +134,8 @@ def test_quantized_types_stored_as_float_are_noted_and_left_to_the_guard(
     """Headers cannot tell dequantized-upstream weights from codes stored as floats: the doctor
     keeps them and says so; the real load then stops on the guard (test_guard.py)."""
     folder = copy_checkpoint("q35_dense_w8a8_dynamic")
-    (path,) = glob.glob(os.path.join(folder, "*.safetensors"))
-    tensors = load_file(path)
     name = "mtp.layers.0.mlp.down_proj.weight"
-    tensors[name] = tensors[name].to(torch.bfloat16)
-    os.chmod(path, 0o644)
-    save_file(tensors, path, metadata={"format": "pt"})
+    edit_tensors(folder, lambda t: t.update({name: t[name].to(torch.bfloat16)}))
     code, report = doctor_json(folder)
     assert code == 0 and report["counts"] == {"dequantize": 6, "keep": 9, "pass": 0, "error": 0}
     (row,) = [t for t in report["tensors"] if t["name"] == name]

@@ -21,10 +21,8 @@ import os
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from conftest import DENSE_W8, MODELSLIM, REFERENCE, fixture_dir, open_checkpoint
-from reference import DENSE_PROJECTIONS
 from sglang_mtp_dequant.errors import DraftWeightError
 from sglang_mtp_dequant.serving.guard import (
     MODE_ENV,
@@ -48,6 +46,9 @@ from sglang_mtp_dequant.serving.guard.values import (
     integer_code_evidence,
     nonfinite_rows,
 )
+from support.checkpoints import edit_tensors, open_checkpoint, safetensors_files
+from support.paths import DENSE_W8, MODELSLIM, REFERENCE, fixture_dir
+from support.reference import DENSE_PROJECTIONS
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DTYPE_IDS = ("bf16", "fp16", "fp32")
@@ -455,13 +456,12 @@ def _rewrite_draft(copy_checkpoint, change, fixture="q35_dense_w8a8_dynamic") ->
     """A copy of ``fixture`` whose draft tensors went through ``change(name, tensor)``
     (returning the tensor to store, or the same one)."""
     folder = copy_checkpoint(fixture)
-    for path in glob.glob(os.path.join(folder, "*.safetensors")):
-        tensors = load_file(path)
-        for name, tensor in tensors.items():
-            if name.startswith("mtp."):
-                tensors[name] = change(name, tensor)
-        os.chmod(path, 0o644)
-        save_file(tensors, path, metadata={"format": "pt"})
+
+    def changed(tensors):
+        return {n: change(n, t) if n.startswith("mtp.") else t for n, t in tensors.items()}
+
+    for path in safetensors_files(folder):
+        edit_tensors(path, changed)
     return folder
 
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import fixture_dir, reference_file
-from reference import (
+from support.paths import fixture_dir, reference_file
+from support.reference import (
     DENSE_PROJECTIONS,
     dequantize_mx_f32,
     description,

@@ -22,10 +22,16 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from conftest import fixture_dir, open_checkpoint, reference_file
-from reference import (
+from sglang_mtp_dequant.errors import DraftWeightError
+from sglang_mtp_dequant.formats.checkpoint import TensorInfo
+from sglang_mtp_dequant.formats.plan import DequantPlan
+from sglang_mtp_dequant.formats.schemes import infer_type, scheme_for
+from sglang_mtp_dequant.formats.schemes.mx import e8m0_to_float32, unpack_e2m1
+from support.checkpoints import edit_tensors, open_checkpoint, write_modelslim_checkpoint
+from support.paths import fixture_dir, reference_file
+from support.reference import (
     DENSE_PROJECTIONS,
     MX_BLOCK,
     dequantize_mx_f32,
@@ -35,13 +41,7 @@ from reference import (
     pack_fp4,
     quantize_mx,
     same_bits,
-    write_modelslim_checkpoint,
 )
-from sglang_mtp_dequant.errors import DraftWeightError
-from sglang_mtp_dequant.formats.checkpoint import TensorInfo
-from sglang_mtp_dequant.formats.plan import DequantPlan
-from sglang_mtp_dequant.formats.schemes import infer_type, scheme_for
-from sglang_mtp_dequant.formats.schemes.mx import e8m0_to_float32, unpack_e2m1
 
 FLOAT = "q35_dense_float_mtp"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -420,10 +420,11 @@ def test_malformed_checkpoint_is_refused_before_any_weight_loads(tmp_path):
     """Through the plan: a NaN exponent in one projection names that tensor and its file."""
     folder = str(tmp_path / "nan")
     mx_checkpoint(folder, "W4A4_MXFP4")
-    path = os.path.join(folder, "quant_model_weights.safetensors")
-    tensors = load_file(path)
-    tensors["mtp.layers.0.mlp.up_proj.weight_scale"][2, 1] = 255
-    save_file(tensors, path, metadata={"format": "pt"})
+
+    def nan_exponent(tensors):
+        tensors["mtp.layers.0.mlp.up_proj.weight_scale"][2, 1] = 255
+
+    path = edit_tensors(os.path.join(folder, "quant_model_weights.safetensors"), nan_exponent)
     plan = DequantPlan.build(open_checkpoint(folder, wanted=lambda n: n.startswith("mtp.")))
     (refused,) = plan.errors
     assert refused.info.name == "mtp.layers.0.mlp.up_proj.weight"

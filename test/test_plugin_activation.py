@@ -10,8 +10,8 @@ import sys
 
 import torch
 
-from conftest import fixture_dir
 from sglang_mtp_dequant.serving.drafts import DraftSpec, mtp_prefix
+from support.paths import fixture_dir
 
 
 def test_entry_point_is_installed_in_sglang_plugin_group():

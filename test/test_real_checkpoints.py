@@ -18,11 +18,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import fixture_dir
-from foreign_checkpoints import compressed_tensors_checkpoint, modelopt_nvfp4_checkpoint
-from real_layouts import deepseek_v32_config, glm51_w8a8, write_checkpoint
 from sglang_mtp_dequant.tools.cli import main
 from sglang_mtp_dequant.tools.cpu_env import CUDA_CAPABILITY_NOTE
+from support.foreign_checkpoints import compressed_tensors_checkpoint, modelopt_nvfp4_checkpoint
+from support.paths import fixture_dir
+from support.real_layouts import deepseek_v32_config, glm51_w8a8, write_checkpoint
 
 ROPE_NOTE = "CPU stand-in: sglang's CPU rope supports deepseek_yarn scaling only"
 
@@ -194,8 +194,8 @@ def test_compressed_tensors_int8_decodes_as_the_library_does(tmp_path):
     dequantize, rounded once to bf16."""
     from compressed_tensors.quantization.lifecycle.forward import dequantize
 
-    from conftest import open_checkpoint
     from sglang_mtp_dequant.formats.plan import DequantPlan
+    from support.checkpoints import open_checkpoint
 
     folder = compressed_tensors_checkpoint(str(tmp_path / "ct"), "W8A8")
     plan = DequantPlan.build(open_checkpoint(folder))

@@ -27,9 +27,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import fixture_dir, open_checkpoint
-from hub_cache import config_only, make_hf_cache, make_modelscope_cache
-from reference import (
+from support.checkpoints import open_checkpoint
+from support.hub_cache import config_only, make_hf_cache, make_modelscope_cache
+from support.paths import fixture_dir
+from support.reference import (
     DENSE_PROJECTIONS,
     dequantize_fp32,
     dequantize_int4_fp32,

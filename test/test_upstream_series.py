@@ -147,7 +147,7 @@ def test_plugin_steps_aside_on_the_patched_tree(branch_tree, load_draft, tmp_pat
 
     from safetensors.torch import load_file
 
-    from conftest import fixture_dir
+    from support.paths import fixture_dir
 
     repo = branch_tree[0]
     folder = fixture_dir("q35_dense_w8a8_dynamic")

@@ -14,8 +14,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import DENSE_W8, fixture_dir, reference_file
-from reference import DENSE_PROJECTIONS, dequantize_fp32, description, load_all
 from sglang_mtp_dequant.tools.cli import main
 from sglang_mtp_dequant.tools.verify import (
     ParamRow,
@@ -24,6 +22,8 @@ from sglang_mtp_dequant.tools.verify import (
     render_verify,
     run_verify,
 )
+from support.paths import DENSE_W8, fixture_dir, reference_file
+from support.reference import DENSE_PROJECTIONS, dequantize_fp32, description, load_all
 
 DEMO = "q35_dense_w8a8_dynamic"
 
@@ -170,7 +170,7 @@ def test_nextn_drafts_are_built_by_their_own_class_and_checked(draft_case, case_
     """A GLM-4.5 / DeepSeek-V3-shaped checkpoint (``model.layers.<n>.*``): verify builds the
     NextN class sglang's ModelConfig maps the architecture to, and every parameter fed by
     codes equals the reference load bit for bit (MLA's concatenated q_a/kv_a included)."""
-    from draft_cases import CASES
+    from support.draft_cases import CASES
 
     case = CASES[case_id]
     _, load = draft_case(case)

@@ -31,18 +31,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import fixture_dir, reference_file
-from reference import (
+from sglang_mtp_dequant.errors import DraftWeightError
+from sglang_mtp_dequant.formats.checkpoint import TensorInfo
+from sglang_mtp_dequant.formats.schemes import scheme_for
+from support.checkpoints import write_modelslim_checkpoint
+from support.paths import fixture_dir, reference_file
+from support.reference import (
     DENSE_PROJECTIONS,
     dequantize_affine_loops,
     description,
     load_all,
     same_bits,
-    write_modelslim_checkpoint,
 )
-from sglang_mtp_dequant.errors import DraftWeightError
-from sglang_mtp_dequant.formats.checkpoint import TensorInfo
-from sglang_mtp_dequant.formats.schemes import scheme_for
 
 FLOAT = "q35_dense_float_mtp"
 FILE = "/ckpt/quant_model_weights.safetensors"

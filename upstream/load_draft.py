@@ -21,63 +21,29 @@ float parameter filled with NaN (so what no loader writes is the same on both si
 plugin's hooks and the branch's module are present). sglang's plugin loader runs as in every
 sglang process; ``SGLANG_PLUGINS`` decides whether it loads this project's plugin.
 
-Two CPU-only shims (as in the branch's registered test): torchvision's CUDA wheel beside CPU
-torch gets its two missing operator schemas, and the CUDA rotary kernel import gets a
-placeholder while the draft is built. Only this standalone script has them; it imports
-nothing from the ``sglang_mtp_dequant`` package.
+Two CPU-only shims, the project's own (``sglang_mtp_dequant.tools.cpu_env``, as in the
+branch's registered test): torchvision's CUDA wheel beside CPU torch gets its two missing
+operator schemas, and the CUDA rotary kernel import gets a placeholder while the draft is
+built. Importing them loads nothing of the plugin: sglang's own plugin loader decides that,
+by ``SGLANG_PLUGINS``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
-import socket
 import sys
 import traceback
-import types
 
 import torch
 
-_KEEP = []
-
-
-def ensure_torchvision_importable() -> None:
-    try:
-        import torchvision  # noqa: F401
-    except RuntimeError as exc:
-        if "torchvision::nms" not in str(exc):
-            raise
-        for name in [m for m in sys.modules if m.split(".")[0] == "torchvision"]:
-            del sys.modules[name]
-        lib = torch.library.Library("torchvision", "DEF")
-        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        _KEEP.append(lib)
-
-
-@contextlib.contextmanager
-def vllm_rotary_placeholder():
-    if "vllm._custom_ops" in sys.modules:
-        yield
-        return
-    vllm, ops = types.ModuleType("vllm"), types.ModuleType("vllm._custom_ops")
-    ops.rotary_embedding = lambda *a, **k: (_ for _ in ()).throw(AssertionError("no forward"))
-    vllm._custom_ops = ops
-    sys.modules.update({"vllm": vllm, "vllm._custom_ops": ops})
-    try:
-        yield
-    finally:
-        sys.modules.pop("vllm._custom_ops", None)
-        sys.modules.pop("vllm", None)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from sglang_mtp_dequant.tools.cpu_env import (
+    ensure_torchvision_importable,
+    placeholder_vllm_rotary,
+)
+from sglang_mtp_dequant.tools.cpu_sglang import free_port
 
 
 def publish(model_path: str) -> None:
@@ -116,7 +82,7 @@ def load_one(folder: str) -> dict[str, torch.Tensor]:
     device = torch.device(DeviceConfig("cpu").device)
     quant_config = _get_quantization_config(model_config, load_config)
     with set_default_torch_dtype(model_config.dtype):
-        with device, vllm_rotary_placeholder():
+        with device, placeholder_vllm_rotary():
             model = _initialize_model(model_config, load_config, quant_config)
         with torch.no_grad():
             for param in model.parameters():

@@ -80,6 +80,9 @@ class ServerRun:
     target: str
     draft: str | None  # None: no speculative decoding (the reference run)
     plugin: bool
+    #: an sglang source tree's ``python/`` put before the installed sglang (the feature
+    #: branch, ``make upstream-tree``); None: the installed sglang
+    sglang_path: str | None = None
 
     def command(self, port: int) -> list[str]:
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.target]
@@ -91,7 +94,9 @@ class ServerRun:
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env["TRITON_INTERPRET"] = "1"
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE, env.get("PYTHONPATH")) if p)
+        # exactly the shims (and the tree, if any): an inherited PYTHONPATH (make upstream-test
+        # runs this harness with the branch's tree on it) must not reach the stock server
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE, self.sglang_path) if p)
         env.pop("SGLANG_USE_CPU_ENGINE", None)  # needs sgl-kernel's CPU build (docs)
         if self.plugin:
             env.pop("SGLANG_PLUGINS", None)

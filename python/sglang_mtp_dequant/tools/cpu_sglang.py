@@ -28,7 +28,7 @@ from .cpu_env import (
 )
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -49,7 +49,7 @@ def init_world_size_one() -> None:
         rank=0,
         local_rank=0,
         backend="gloo",
-        distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+        distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
     )
     parallel_state.initialize_model_parallel(backend="gloo")
     _DIST_READY = True

@@ -188,35 +188,6 @@ def quantize_w8a8_dynamic(w: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"weight": q, "weight_scale": scale, "weight_offset": torch.zeros_like(scale)}
 
 
-def write_modelslim_checkpoint(
-    folder: str,
-    tensors: dict[str, torch.Tensor],
-    description: dict[str, str],
-    *,
-    version: str | None = "1.0.0",
-    group_size: int = 0,
-    model_quant_type: str = "W8A8_DYNAMIC",
-) -> str:
-    """One ``quant_model_weights.safetensors`` (V1 with ``part_file_size: 0``: no index) and a
-    ``quant_model_description.json``, as msmodelslim's ascendv1 saver lays them out."""
-    from safetensors.torch import save_file
-
-    os.makedirs(folder, exist_ok=True)
-    save_file(
-        {k: v.contiguous() for k, v in tensors.items()},
-        os.path.join(folder, "quant_model_weights.safetensors"),
-        metadata={"format": "pt"},
-    )
-    desc = dict(description)
-    desc["model_quant_type"] = model_quant_type
-    if version is not None:
-        desc["version"] = version
-    desc["group_size"] = group_size
-    with open(os.path.join(folder, "quant_model_description.json"), "w") as handle:
-        json.dump(desc, handle, indent=1)
-    return folder
-
-
 # -- MX, W4A4_DYNAMIC, WFP8AFP8_DYNAMIC: written from msmodelslim 26.1.0's saver ----------------
 # (``modelslim_v1/save/ascendv1.py``: E8M0 ``weight_scale`` = shared exponent + 127 as uint8 per
 # 32 inputs; ``save/utils/pack.py`` ``pack_fp4_to_uint8``: bit 3 sign, bits 0-2 index

@@ -29,7 +29,7 @@ import shutil
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import fixture_dir
+from support.paths import fixture_dir
 
 FLOAT_MTP = "q35_dense_float_mtp"
 FORMATS = {
