@@ -1,4 +1,4 @@
-"""The CPU cases of the upstream pull request (text in shared/seed), with our behaviour.
+"""The CPU cases of the upstream pull request sgl-project/sglang#37736, with our behaviour.
 
 The upstream fix reads ``mtp.*.weight_scale`` from ``quant_model_weights.safetensors.index.json``
 and multiplies int8 weights by it inside ``load_weights``. Where we differ: a scale whose shape

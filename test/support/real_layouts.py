@@ -7,8 +7,8 @@ Usage::
     layout = glm51_w8a8(scale=64, experts=4)     # a small replica with the same names/dtypes
     write_checkpoint(folder, layout, sparse=False)   # real values (codes, scales, floats)
 
-Names, dtypes and shape patterns follow ``shared/notes/real-checkpoints.md`` (the published
-GLM-5.1-w8a8 inventory of MTP layer 78): MLA + DSA indexer attention in static W8A8 (int8
+Names, dtypes and shape patterns follow the published GLM-5.1-w8a8 tensor inventory of its
+MTP layer 78: MLA + DSA indexer attention in static W8A8 (int8
 ``weight``, f32 ``deq_scale`` [out], f32 ``input_scale`` / ``input_offset`` [1] with a non-zero
 offset, int32 ``quant_bias`` [out]), routed and shared experts in W8A8_DYNAMIC (f32
 ``weight_scale`` / ``weight_offset`` [out, 1]), float32 norms, bf16 ``kv_b_proj``,
