@@ -5,6 +5,7 @@ Usage (``make e2e`` runs the first line, ``make e2e-short`` the second)::
     .venv/bin/python benchmarks/e2e_server.py
     .venv/bin/python benchmarks/e2e_server.py --short        # 2 prompts x 16 tokens (CI)
     .venv/bin/python benchmarks/e2e_server.py --target /models/float --draft /models/w8a8
+    .venv/bin/python benchmarks/e2e_server.py --family moe   # the Qwen3.5-MoE draft (make e2e-moe)
 
 Four servers, one after the other, each started as users start it
 (``python -m sglang.launch_server``) on a free loopback port and stopped with nothing left
@@ -22,6 +23,14 @@ names the draft folder in the plugin server's log, the CPU shim's tree kernels r
 speculative server, and float >= 2.0, stock <= 1.3, plugin >= 0.97 x float. Last line::
 
     e2e accept_length float=F stock=S plugin=P tokens_per_s float=a stock=b plugin=c
+
+``--family moe`` serves the bundled trained tiny Qwen3.5-MoE instead (``Qwen3_5MoeForCausalLM``,
+8 routed experts top-2 and a shared expert in every layer; its draft is sglang's
+``Qwen3_5ForCausalLMMTP`` with the same MoE block, whose routed experts, shared expert and
+attention ModelSlim quantized). Its routed experts run through sglang's FusedMoE layer, which on
+this platform computes them with sglang's own ``moe_forward_native``; the run also fails unless
+every server's log shows that for the target's layers and, in the speculative servers, for the
+draft's. Same bounds; its last line starts ``e2e-moe`` instead of ``e2e``.
 """
 
 from __future__ import annotations
@@ -39,14 +48,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from e2e.checks import Bars, check_logs, check_outputs  # noqa: E402
+from e2e.checks import Bars, check_logs, check_moe_logs, check_outputs  # noqa: E402
 from e2e.client import SPEC_KEYS, Generation, generate  # noqa: E402
 from e2e.inputs import InputError, check_draft, check_target, heldout_prompts  # noqa: E402
 from e2e.server import Server, ServerError, ServerRun, log_tail  # noqa: E402
 
 FIXTURES = os.path.join(REPO, "test", "fixtures", "e2e")
-DEFAULT_TARGET = os.path.join(FIXTURES, "float")
-DEFAULT_DRAFT = os.path.join(FIXTURES, "w8a8")
+#: family -> (default TARGET, default DRAFT, the last line's first word)
+FAMILIES = {
+    "dense": (os.path.join(FIXTURES, "float"), os.path.join(FIXTURES, "w8a8"), "e2e"),
+    "moe": (os.path.join(FIXTURES, "moe_float"), os.path.join(FIXTURES, "moe_w8a8"), "e2e-moe"),
+}
 
 
 @dataclass
@@ -104,8 +116,14 @@ class RunResult:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="float checkpoint folder")
-    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="ModelSlim checkpoint folder")
+    parser.add_argument(
+        "--family",
+        choices=sorted(FAMILIES),
+        default="dense",
+        help="the bundled model: dense Qwen3.5 (default) or Qwen3.5-MoE",
+    )
+    parser.add_argument("--target", default=None, help="float checkpoint folder")
+    parser.add_argument("--draft", default=None, help="ModelSlim checkpoint folder")
     parser.add_argument("--prompts", type=int, default=4, help="held-out prompts")
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt")
     parser.add_argument("--prompt-len", type=int, default=64, help="bytes per prompt")
@@ -117,8 +135,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.short:
         args.prompts, args.new_tokens = 2, 16
-    args.target = os.path.abspath(args.target)
-    args.draft = os.path.abspath(args.draft)
+    target, draft, args.line = FAMILIES[args.family]
+    args.target = os.path.abspath(args.target or target)
+    args.draft = os.path.abspath(args.draft or draft)
     return args
 
 
@@ -234,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     by_label = {r.run.label: r for r in results}
     failures = check_outputs(by_label, SPEC_KEYS) + check_logs(by_label, args.draft)
+    if args.family == "moe":
+        failures += check_moe_logs(by_label)
     bars = Bars.of(by_label)
     failures += bars.failures()
     say("")
@@ -244,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(
                 {
                     "machine": machine_line(),
+                    "family": args.family,
                     "prompts": prompts,
                     "new_tokens": args.new_tokens,
                     "bars": bars.to_json(),
@@ -258,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"total {time.perf_counter() - started:.0f} s; {'FAILED' if failures else 'passed'}")
     tps = {k: by_label[k].tokens_per_second for k in ("float", "stock", "plugin")}
     say(
-        f"e2e accept_length float={bars.float:.3f} stock={bars.stock:.3f} "
+        f"{args.line} accept_length float={bars.float:.3f} stock={bars.stock:.3f} "
         f"plugin={bars.plugin:.3f} tokens_per_s float={tps['float']:.2f} "
         f"stock={tps['stock']:.2f} plugin={tps['plugin']:.2f}"
     )
