@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed
 DEMO_CKPT := test/fixtures/modelslim/q35_dense_w8a8_dynamic
 DEMO_REF := test/fixtures/reference/q35_dense_w8a8_dynamic.safetensors
 
-.PHONY: venv demo test test-fast accept bench bench-scaling lint e2e e2e-short upstream-tree upstream-test upstream-series
+.PHONY: venv demo test test-fast accept bench bench-scaling lint e2e e2e-short e2e-moe \
+	e2e-moe-short upstream-tree upstream-test upstream-series
 
 venv: $(STAMP)
 
@@ -56,6 +57,14 @@ e2e: $(E2E_STAMP)
 # the same with 2 prompts x 16 tokens: what CI runs at every landing
 e2e-short: $(E2E_STAMP)
 	$(VPY) benchmarks/e2e_server.py --short $(E2E_ARGS) --json .cache/e2e/short.json
+
+# the same four servers for the bundled Qwen3.5-MoE (8 routed experts, top-2, shared expert;
+# its MTP draft's experts quantized); ends with `e2e-moe accept_length float=F stock=S ...`
+e2e-moe: $(E2E_STAMP)
+	$(VPY) benchmarks/e2e_server.py --family moe $(E2E_ARGS) --json .cache/e2e/moe.json
+
+e2e-moe-short: $(E2E_STAMP)
+	$(VPY) benchmarks/e2e_server.py --family moe --short $(E2E_ARGS) --json .cache/e2e/moe-short.json
 
 # decode cost against a plain cast (R), codes decoded per EP=2 rank (F), extra peak memory (M);
 # ends with `dequant_vs_cast_ratio R ep2_rank_decode_fraction F peak_extra_mb M`

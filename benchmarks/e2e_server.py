@@ -5,6 +5,7 @@ Usage (``make e2e`` runs the first line, ``make e2e-short`` the second)::
     .venv/bin/python benchmarks/e2e_server.py
     .venv/bin/python benchmarks/e2e_server.py --short        # 2 prompts x 16 tokens (CI)
     .venv/bin/python benchmarks/e2e_server.py --target /models/float --draft /models/w8a8
+    .venv/bin/python benchmarks/e2e_server.py --family moe   # the Qwen3.5-MoE draft (make e2e-moe)
     .venv/bin/python benchmarks/e2e_server.py --short --upstream-tree .cache/upstream/sglang
 
 Four servers, one after the other, each started as users start it
@@ -28,6 +29,14 @@ speculative server, and float >= 2.0, stock <= 1.3, plugin >= 0.97 x float. Last
 reference, float and ``branch`` servers run the patched sglang tree (its ``python/`` first on
 the path) with the plugin off, ``stock`` the installed sglang with the plugin off; the branch's
 own INFO line must name the draft folder, and the last line says ``branch=B`` for ``plugin=P``.
+
+``--family moe`` serves the bundled trained tiny Qwen3.5-MoE instead (``Qwen3_5MoeForCausalLM``,
+8 routed experts top-2 and a shared expert in every layer; its draft is sglang's
+``Qwen3_5ForCausalLMMTP`` with the same MoE block, whose routed experts, shared expert and
+attention ModelSlim quantized). Its routed experts run through sglang's FusedMoE layer, which on
+this platform computes them with sglang's own ``moe_forward_native``; the run also fails unless
+every server's log shows that for the target's layers and, in the speculative servers, for the
+draft's. Same bounds; its last line starts ``e2e-moe`` instead of ``e2e``.
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from e2e.checks import Bars, check_logs, check_outputs  # noqa: E402
+from e2e.checks import Bars, check_logs, check_moe_logs, check_outputs  # noqa: E402
 from e2e.client import SPEC_KEYS, Generation, generate  # noqa: E402
 from e2e.inputs import (  # noqa: E402
     InputError,
@@ -57,8 +66,11 @@ from e2e.inputs import (  # noqa: E402
 from e2e.server import Server, ServerError, ServerRun, log_tail  # noqa: E402
 
 FIXTURES = os.path.join(REPO, "test", "fixtures", "e2e")
-DEFAULT_TARGET = os.path.join(FIXTURES, "float")
-DEFAULT_DRAFT = os.path.join(FIXTURES, "w8a8")
+#: family -> (default TARGET, default DRAFT, the last line's first word)
+FAMILIES = {
+    "dense": (os.path.join(FIXTURES, "float"), os.path.join(FIXTURES, "w8a8"), "e2e"),
+    "moe": (os.path.join(FIXTURES, "moe_float"), os.path.join(FIXTURES, "moe_w8a8"), "e2e-moe"),
+}
 
 
 @dataclass
@@ -116,8 +128,14 @@ class RunResult:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="float checkpoint folder")
-    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="ModelSlim checkpoint folder")
+    parser.add_argument(
+        "--family",
+        choices=sorted(FAMILIES),
+        default="dense",
+        help="the bundled model: dense Qwen3.5 (default) or Qwen3.5-MoE",
+    )
+    parser.add_argument("--target", default=None, help="float checkpoint folder")
+    parser.add_argument("--draft", default=None, help="ModelSlim checkpoint folder")
     parser.add_argument("--prompts", type=int, default=4, help="held-out prompts")
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt")
     parser.add_argument("--prompt-len", type=int, default=64, help="bytes per prompt")
@@ -134,8 +152,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.short:
         args.prompts, args.new_tokens = 2, 16
-    args.target = os.path.abspath(args.target)
-    args.draft = os.path.abspath(args.draft)
+    target, draft, args.line = FAMILIES[args.family]
+    args.target = os.path.abspath(args.target or target)
+    args.draft = os.path.abspath(args.draft or draft)
     if args.upstream_tree is not None:
         args.upstream_tree = os.path.abspath(args.upstream_tree)
     return args
@@ -273,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     by_label = {r.run.label: r for r in results}
     failures = check_outputs(by_label, SPEC_KEYS) + check_logs(by_label, args.draft)
+    if args.family == "moe":
+        failures += check_moe_logs(by_label)
     bars = Bars.of(by_label)
     failures += bars.failures()
     say("")
@@ -283,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(
                 {
                     "machine": machine_line(),
+                    "family": args.family,
                     "prompts": prompts,
                     "new_tokens": args.new_tokens,
                     "bars": bars.to_json(),
@@ -298,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     fixed = bars.fixed_label
     tps = {k: by_label[k].tokens_per_second for k in ("float", "stock", fixed)}
     say(
-        f"e2e accept_length float={bars.float:.3f} stock={bars.stock:.3f} "
+        f"{args.line} accept_length float={bars.float:.3f} stock={bars.stock:.3f} "
         f"{fixed}={bars.fixed:.3f} tokens_per_s float={tps['float']:.2f} "
         f"stock={tps['stock']:.2f} {fixed}={tps[fixed]:.2f}"
     )

@@ -25,6 +25,7 @@ from e2e.server import RUN_MARK  # noqa: E402
 
 E2E = os.path.join(ROOT, "test", "fixtures", "e2e")
 FLOAT, W8A8 = os.path.join(E2E, "float"), os.path.join(E2E, "w8a8")
+MOE_FLOAT, MOE_W8A8 = os.path.join(E2E, "moe_float"), os.path.join(E2E, "moe_w8a8")
 
 
 def run_harness(*args: str, timeout: float = 120.0) -> tuple[subprocess.CompletedProcess, float]:
@@ -68,6 +69,33 @@ def test_the_bundled_default_is_what_the_harness_serves():
     assert len(codes) == 7, codes
 
 
+def test_the_bundled_moe_default_is_what_the_harness_serves():
+    """``--family moe``: a Qwen3.5-MoE, every layer full attention, whose ModelSlim draft holds
+    int8 codes for its attention, every routed expert, the shared expert and its gate, and
+    keeps the router float."""
+    from safetensors import safe_open
+
+    with open(os.path.join(MOE_FLOAT, "config.json")) as handle:
+        config = json.load(handle)
+    assert config["architectures"] == ["Qwen3_5MoeForCausalLM"]
+    assert config["full_attention_interval"] == 1
+    assert set(config["layer_types"]) == {"full_attention"}
+    experts = config["num_experts"]
+    with safe_open(os.path.join(MOE_FLOAT, "model.safetensors"), "np") as f:
+        names = set(f.keys())  # noqa: SIM118
+    # the MTP layer's experts one per tensor (Qwen3.5-MoE's release layout), the backbone's fused
+    assert {f"mtp.layers.0.mlp.experts.{e}.up_proj.weight" for e in range(experts)} <= names
+    assert "model.layers.0.mlp.experts.gate_up_proj" in names
+    shard = os.path.join(MOE_W8A8, "quant_model_weights-00001-of-00001.safetensors")
+    with safe_open(shard, "np") as f:
+        dtypes = {n: f.get_slice(n).get_dtype() for n in f.keys() if n.startswith("mtp.")}  # noqa: SIM118
+    codes = {n for n, d in dtypes.items() if d == "I8"}
+    assert len(codes) == 4 + 3 * experts + 3 + 1, sorted(codes)
+    assert "mtp.layers.0.mlp.experts.7.down_proj.weight" in codes
+    assert "mtp.layers.0.mlp.shared_expert_gate.weight" in codes
+    assert dtypes["mtp.layers.0.mlp.gate.weight"] == "BF16"
+
+
 @pytest.mark.parametrize(
     "args, said",
     [
@@ -78,8 +106,12 @@ def test_the_bundled_default_is_what_the_harness_serves():
             "is a file, not a folder",
         ),
         (["--draft", FLOAT], "every mtp.* tensor is float: there is nothing for the plugin"),
+        (
+            ["--family", "moe", "--draft", MOE_FLOAT],
+            "every mtp.* tensor is float: there is nothing for the plugin",
+        ),
     ],
-    ids=["target-missing", "draft-missing", "draft-is-a-file", "draft-float"],
+    ids=["target-missing", "draft-missing", "draft-is-a-file", "draft-float", "moe-draft-float"],
 )
 def test_bad_folders_are_refused_in_seconds(args, said):
     out, seconds = run_harness(*args)

@@ -3,6 +3,7 @@
 Usage::
 
     failures = check_outputs(results, SPEC_KEYS) + check_logs(results, draft_folder)
+    failures += check_moe_logs(results)                  # the MoE family only
     bars = Bars.of(results); failures += bars.failures()
 
 ``results`` maps a run's label (reference, float, stock, plugin) to what its server returned
@@ -27,6 +28,13 @@ FIXED = ("plugin", "branch")
 
 SHIM_MARK = "sglang-mtp-dequant e2e shim:"
 TREE_KERNELS = ("sgl_build_tree_kernel_triton ran", "verify_tree_greedy_triton ran")
+#: the site shim's line for sglang's MoE experts computing one layer (``site/sitecustomize.py``)
+MOE_LINE = re.compile(
+    re.escape(f"{SHIM_MARK} sglang.srt.layers.moe.fused_moe_native.moe_forward_native ran for ")
+    + r"(\S+)"
+)
+#: FusedMoE layer names: the target's layers, and the MTP draft's (built under ``mtp``)
+TARGET_MOE, DRAFT_MOE = "model.layers.", "mtp."
 
 
 def speculative(results: dict) -> tuple[str, str, str]:
@@ -99,6 +107,23 @@ def _check_tree_shim(results: dict) -> list[str]:
                 failures.append(
                     f"{label}: the CPU tree shim did not take effect ('{kernel}' not logged): "
                     "sglang's greedy tree verification would be a silent no-op"
+                )
+    return failures
+
+
+def check_moe_logs(results: dict) -> list[str]:
+    """The MoE family's routed experts ran through sglang's FusedMoE layers: the target's in
+    every server, the MTP draft's in every speculative one (the site shim logs each layer's
+    first call of sglang's expert computation)."""
+    failures = []
+    for label, result in results.items():
+        layers = set(MOE_LINE.findall(_log(result)))
+        wanted = [TARGET_MOE] + ([DRAFT_MOE] if label in speculative(results) else [])
+        for prefix in wanted:
+            if not any(layer.startswith(prefix) for layer in layers):
+                failures.append(
+                    f"{label}: no MoE layer named {prefix}* computed its experts in "
+                    f"{result.log_path} (layers seen: {sorted(layers)})"
                 )
     return failures
 
