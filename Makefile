@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+E2E_STAMP := $(VENV)/.e2e-installed
 DEMO_CKPT := test/fixtures/modelslim/q35_dense_w8a8_dynamic
 DEMO_REF := test/fixtures/reference/q35_dense_w8a8_dynamic.safetensors
 
@@ -29,7 +30,9 @@ demo: $(STAMP)
 	$(VENV)/bin/sglang-mtp-dequant doctor $(DEMO_CKPT)
 	$(VENV)/bin/sglang-mtp-dequant verify $(DEMO_CKPT) --reference $(DEMO_REF)
 
-test: $(STAMP)
+# the whole suite, the e2e harness's own tests among them (they start sglang's server, whose
+# imports are in requirements/e2e.txt)
+test: $(E2E_STAMP)
 	$(VPY) -m pytest -q
 
 # the unit layer alone: formats, naming, plan, ownership; no sglang import (checked), seconds
@@ -44,7 +47,6 @@ accept: $(STAMP)
 # ModelSlim W8A8 draft with the plugin off, and on (benchmarks/e2e_server.py); ends with
 # `e2e accept_length float=F stock=S plugin=P tokens_per_s ...`. Your own folders:
 # make e2e TARGET=<float folder> DRAFT=<ModelSlim folder of the same model>
-E2E_STAMP := $(VENV)/.e2e-installed
 E2E_ARGS := $(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT))
 
 $(E2E_STAMP): $(STAMP) requirements/e2e.txt
