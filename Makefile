@@ -8,17 +8,22 @@ STAMP := $(VENV)/.installed
 DEMO_CKPT := test/fixtures/modelslim/q35_dense_w8a8_dynamic
 DEMO_REF := test/fixtures/reference/q35_dense_w8a8_dynamic.safetensors
 
-.PHONY: venv demo test accept bench bench-scaling lint e2e e2e-short
+.PHONY: venv demo test test-fast accept bench bench-scaling lint e2e e2e-short e2e-moe \
+	e2e-moe-short upstream-tree upstream-test upstream-series
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml requirements/cpu.txt requirements/constraints.txt requirements/torch-cpu.txt
-	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install -q -r requirements/torch-cpu.txt
-	$(VPY) -m pip install -q --no-deps sglang==0.5.23
-	$(VPY) -m pip install -q -c requirements/constraints.txt -r requirements/cpu.txt
-	$(VPY) -m pip install -q --no-deps -e .
-	touch $(STAMP)
+# Every install is --no-deps from exact pins (requirements/cpu-lock.txt), so pip resolves
+# nothing; -qq keeps pip to errors. The last line says how long it took and what it weighs.
+$(STAMP): pyproject.toml requirements/cpu-lock.txt requirements/torch-cpu.txt
+	@start=$$(date +%s); set -e; \
+	echo "set-up: building $(VENV) (CPU torch, sglang 0.5.23 without its CUDA set, the pinned test set)"; \
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV); \
+	$(VPY) -m pip install -qq --no-deps -r requirements/torch-cpu.txt; \
+	$(VPY) -m pip install -qq --no-deps sglang==0.5.23 -r requirements/cpu-lock.txt; \
+	$(VPY) -m pip install -qq --no-deps -e .; \
+	touch $(STAMP); \
+	echo "set-up: $(VENV) built in $$(( $$(date +%s) - start )) s, $$(du -sh $(VENV) | cut -f1) on disk"
 
 demo: $(STAMP)
 	$(VENV)/bin/sglang-mtp-dequant doctor $(DEMO_CKPT)
@@ -27,8 +32,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VPY) -m pytest -q
 
+# the unit layer alone: formats, naming, plan, ownership; no sglang import (checked), seconds
+test-fast: $(STAMP)
+	$(VPY) -m pytest -q test/unit
+
 accept: $(STAMP)
-	$(VPY) -m pip install -q -c requirements/constraints.txt -r requirements/accept.txt
+	$(VPY) -m pip install -qq --no-deps -r requirements/accept.txt
 	$(VPY) benchmarks/accept_length.py --plot docs/accept_length.png --json .cache/accept/results.json
 
 # sglang's own server with EAGLE on the CPU, four servers: no speculation, float draft,
@@ -39,7 +48,7 @@ E2E_STAMP := $(VENV)/.e2e-installed
 E2E_ARGS := $(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT))
 
 $(E2E_STAMP): $(STAMP) requirements/e2e.txt
-	$(VPY) -m pip install -q --no-deps -r requirements/e2e.txt
+	$(VPY) -m pip install -qq --no-deps -r requirements/e2e.txt
 	touch $(E2E_STAMP)
 
 e2e: $(E2E_STAMP)
@@ -48,6 +57,14 @@ e2e: $(E2E_STAMP)
 # the same with 2 prompts x 16 tokens: what CI runs at every landing
 e2e-short: $(E2E_STAMP)
 	$(VPY) benchmarks/e2e_server.py --short $(E2E_ARGS) --json .cache/e2e/short.json
+
+# the same four servers for the bundled Qwen3.5-MoE (8 routed experts, top-2, shared expert;
+# its MTP draft's experts quantized); ends with `e2e-moe accept_length float=F stock=S ...`
+e2e-moe: $(E2E_STAMP)
+	$(VPY) benchmarks/e2e_server.py --family moe $(E2E_ARGS) --json .cache/e2e/moe.json
+
+e2e-moe-short: $(E2E_STAMP)
+	$(VPY) benchmarks/e2e_server.py --family moe --short $(E2E_ARGS) --json .cache/e2e/moe-short.json
 
 # decode cost against a plain cast (R), codes decoded per EP=2 rank (F), extra peak memory (M);
 # ends with `dequant_vs_cast_ratio R ep2_rank_decode_fraction F peak_extra_mb M`
@@ -58,7 +75,35 @@ bench: $(STAMP)
 bench-scaling: $(STAMP)
 	$(VPY) benchmarks/bench_scaling.py --json .cache/bench/scaling.json
 
-lint: $(STAMP)
-	$(VPY) -m pip install -q ruff
-	$(VENV)/bin/ruff check python test benchmarks
-	$(VENV)/bin/ruff format --check python test benchmarks
+# ruff (lint + format check) and mypy with untyped defs checked (pyproject.toml [tool.mypy])
+LINT_STAMP := $(VENV)/.lint-installed
+
+$(LINT_STAMP): $(STAMP) requirements/lint.txt
+	$(VPY) -m pip install -qq --no-deps -r requirements/lint.txt
+	touch $(LINT_STAMP)
+
+lint: $(LINT_STAMP)
+	$(VENV)/bin/ruff check python test benchmarks upstream
+	$(VENV)/bin/ruff format --check python test benchmarks upstream
+	$(VENV)/bin/mypy python/sglang_mtp_dequant
+
+# -- the fix as a feature branch of sglang's own tree (upstream/BASE, upstream/series/) -------
+UPSTREAM_REPO := .cache/upstream/sglang
+# The end-to-end server run against the patched tree: sglang's own server with EAGLE on the
+# CPU, the branch's tree serving with the plugin off, beside stock sglang (make e2e's harness,
+# 2 prompts x 16 tokens). `make upstream-test UPSTREAM_E2E=` skips it (the step says so).
+UPSTREAM_E2E ?= $(VPY) benchmarks/e2e_server.py --short --upstream-tree $(UPSTREAM_REPO) --json .cache/e2e/upstream.json
+
+# the pinned wheel (sha256 checked) -> a git repo whose first commit is its sglang/ at
+# python/sglang/ -> upstream/series/*.patch applied by git am; reuses what is current
+upstream-tree: $(STAMP)
+	$(VPY) upstream/tree.py tree --repo $(UPSTREAM_REPO) --python $(VPY)
+
+# sglang's collect_tests + run_unittest_files on the branch's registered tests (plugin off),
+# the same tests red on the baseline, fixtures bit-identical to the plugin, then UPSTREAM_E2E
+upstream-test: upstream-tree $(E2E_STAMP)
+	UPSTREAM_E2E='$(UPSTREAM_E2E)' $(VPY) upstream/run_tests.py --repo $(UPSTREAM_REPO)
+
+# after committing on the tree's branch: rewrite upstream/series/ from it
+upstream-series:
+	$(VPY) upstream/tree.py export --repo $(UPSTREAM_REPO)

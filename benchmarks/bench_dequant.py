@@ -30,8 +30,9 @@ Measured:
 - F, ``ep2_rank_decode_fraction``: a Qwen3.5-35B-A3B-shaped W8A8_DYNAMIC checkpoint (one MTP
   layer, 256 experts, ``moe_draft.py``) loaded through the plugin by sglang's real
   ``Qwen3_5ForCausalLMMTP`` and ``DefaultModelLoader`` in separate processes
-  (``ep_rank.py``): once at world size 1, once by two gloo ranks at EP=2 (sglang's own
-  ``init_distributed_environment`` / ``initialize_model_parallel``). F = codes decoded by the
+  (``test/support/rank_worker.py``): once at world size 1, once by two gloo ranks at EP=2
+  (sglang's own ``init_distributed_environment`` / ``initialize_model_parallel``). F = codes
+  decoded by the
   busiest EP=2 rank / codes decoded at EP=1 (``DequantizingStream.stats.decoded_codes``). Every
   expert each rank holds is checked bit for bit (a digest) against the world-size-1 load.
 - M, ``peak_extra_mb``: each method streams a set in a fresh child process, one decoded tensor
@@ -60,7 +61,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -236,21 +236,16 @@ def block_buffer_mib() -> float:
 # -- codes decoded per rank under expert parallelism ---------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _rank_processes(folder: str, out_dir: str, world: int, ep: int, tag: str) -> list[dict]:
-    """Run ``world`` ranks of one load (``ep_rank.py``) and return their reports."""
-    port = _free_port()
-    outs = [os.path.join(out_dir, f"{tag}.rank{r}.json") for r in range(world)]
-    worker = os.path.join(HERE, "ep_rank.py")
+    """Run ``world`` ranks of one load (``test/support/rank_worker.py``), return their reports."""
+    from sglang_mtp_dequant.tools.cpu_sglang import free_port
+
+    port = free_port()
+    worker = os.path.join(os.path.dirname(HERE), "test", "support", "rank_worker.py")
     procs = [
         subprocess.Popen(
             [sys.executable, worker, "--folder", folder, "--rank", str(r), "--world", str(world)]
-            + ["--ep", str(ep), "--port", str(port), "--out", outs[r]],
+            + ["--ep", str(ep), "--port", str(port), "--out", out_dir, "--tag", tag],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -260,10 +255,12 @@ def _rank_processes(folder: str, out_dir: str, world: int, ep: int, tag: str) ->
     errors = [p.communicate()[1] for p in procs]
     for r, proc in enumerate(procs):
         if proc.returncode != 0:
-            raise RuntimeError(f"{tag} rank {r} exit {proc.returncode}:\n{errors[r][-3000:]}")
+            error_file = os.path.join(out_dir, f"rank{r}.error")
+            why = open(error_file).read() if os.path.exists(error_file) else errors[r]
+            raise RuntimeError(f"{tag} rank {r} exit {proc.returncode}:\n{why[-3000:]}")
     reports = []
-    for path in outs:
-        with open(path, encoding="utf-8") as handle:
+    for r in range(world):
+        with open(os.path.join(out_dir, f"{tag}.rank{r}.json"), encoding="utf-8") as handle:
             reports.append(json.load(handle))
     return reports
 

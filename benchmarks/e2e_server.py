@@ -5,6 +5,8 @@ Usage (``make e2e`` runs the first line, ``make e2e-short`` the second)::
     .venv/bin/python benchmarks/e2e_server.py
     .venv/bin/python benchmarks/e2e_server.py --short        # 2 prompts x 16 tokens (CI)
     .venv/bin/python benchmarks/e2e_server.py --target /models/float --draft /models/w8a8
+    .venv/bin/python benchmarks/e2e_server.py --family moe   # the Qwen3.5-MoE draft (make e2e-moe)
+    .venv/bin/python benchmarks/e2e_server.py --short --upstream-tree .cache/upstream/sglang
 
 Four servers, one after the other, each started as users start it
 (``python -m sglang.launch_server``) on a free loopback port and stopped with nothing left
@@ -22,6 +24,19 @@ names the draft folder in the plugin server's log, the CPU shim's tree kernels r
 speculative server, and float >= 2.0, stock <= 1.3, plugin >= 0.97 x float. Last line::
 
     e2e accept_length float=F stock=S plugin=P tokens_per_s float=a stock=b plugin=c
+
+``--upstream-tree`` (what ``make upstream-test`` runs) proves the feature branch instead: the
+reference, float and ``branch`` servers run the patched sglang tree (its ``python/`` first on
+the path) with the plugin off, ``stock`` the installed sglang with the plugin off; the branch's
+own INFO line must name the draft folder, and the last line says ``branch=B`` for ``plugin=P``.
+
+``--family moe`` serves the bundled trained tiny Qwen3.5-MoE instead (``Qwen3_5MoeForCausalLM``,
+8 routed experts top-2 and a shared expert in every layer; its draft is sglang's
+``Qwen3_5ForCausalLMMTP`` with the same MoE block, whose routed experts, shared expert and
+attention ModelSlim quantized). Its routed experts run through sglang's FusedMoE layer, which on
+this platform computes them with sglang's own ``moe_forward_native``; the run also fails unless
+every server's log shows that for the target's layers and, in the speculative servers, for the
+draft's. Same bounds; its last line starts ``e2e-moe`` instead of ``e2e``.
 """
 
 from __future__ import annotations
@@ -39,14 +54,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from e2e.checks import Bars, check_logs, check_outputs  # noqa: E402
+from e2e.checks import Bars, check_logs, check_moe_logs, check_outputs  # noqa: E402
 from e2e.client import SPEC_KEYS, Generation, generate  # noqa: E402
-from e2e.inputs import InputError, check_draft, check_target, heldout_prompts  # noqa: E402
+from e2e.inputs import (  # noqa: E402
+    InputError,
+    check_draft,
+    check_target,
+    check_tree,
+    heldout_prompts,
+)
 from e2e.server import Server, ServerError, ServerRun, log_tail  # noqa: E402
 
 FIXTURES = os.path.join(REPO, "test", "fixtures", "e2e")
-DEFAULT_TARGET = os.path.join(FIXTURES, "float")
-DEFAULT_DRAFT = os.path.join(FIXTURES, "w8a8")
+#: family -> (default TARGET, default DRAFT, the last line's first word)
+FAMILIES = {
+    "dense": (os.path.join(FIXTURES, "float"), os.path.join(FIXTURES, "w8a8"), "e2e"),
+    "moe": (os.path.join(FIXTURES, "moe_float"), os.path.join(FIXTURES, "moe_w8a8"), "e2e-moe"),
+}
 
 
 @dataclass
@@ -104,8 +128,14 @@ class RunResult:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="float checkpoint folder")
-    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="ModelSlim checkpoint folder")
+    parser.add_argument(
+        "--family",
+        choices=sorted(FAMILIES),
+        default="dense",
+        help="the bundled model: dense Qwen3.5 (default) or Qwen3.5-MoE",
+    )
+    parser.add_argument("--target", default=None, help="float checkpoint folder")
+    parser.add_argument("--draft", default=None, help="ModelSlim checkpoint folder")
     parser.add_argument("--prompts", type=int, default=4, help="held-out prompts")
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt")
     parser.add_argument("--prompt-len", type=int, default=64, help="bytes per prompt")
@@ -114,12 +144,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--log-dir", default=os.path.join(REPO, ".cache", "e2e"))
     parser.add_argument("--json", default=None, help="write every figure here")
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds per server")
+    parser.add_argument(
+        "--upstream-tree",
+        default=None,
+        help="a materialized feature-branch tree (make upstream-tree): serve it, plugin off",
+    )
     args = parser.parse_args(argv)
     if args.short:
         args.prompts, args.new_tokens = 2, 16
-    args.target = os.path.abspath(args.target)
-    args.draft = os.path.abspath(args.draft)
+    target, draft, args.line = FAMILIES[args.family]
+    args.target = os.path.abspath(args.target or target)
+    args.draft = os.path.abspath(args.draft or draft)
+    if args.upstream_tree is not None:
+        args.upstream_tree = os.path.abspath(args.upstream_tree)
     return args
+
+
+def server_runs(args: argparse.Namespace) -> list[ServerRun]:
+    """The four servers: with the plugin (the default), or with the feature branch's tree."""
+    stock = ServerRun("stock", args.target, args.draft, plugin=False)
+    if args.upstream_tree is None:
+        return [
+            ServerRun("reference", args.target, None, plugin=True),
+            ServerRun("float", args.target, args.target, plugin=True),
+            stock,
+            ServerRun("plugin", args.target, args.draft, plugin=True),
+        ]
+    tree = os.path.join(args.upstream_tree, "python")
+    return [
+        ServerRun("reference", args.target, None, plugin=False, sglang_path=tree),
+        ServerRun("float", args.target, args.target, plugin=False, sglang_path=tree),
+        stock,
+        ServerRun("branch", args.target, args.draft, plugin=False, sglang_path=tree),
+    ]
 
 
 def say(message: str) -> None:
@@ -159,9 +216,9 @@ def serve(run: ServerRun, prompts: list[list[int]], args, index: int, total: int
 
 def table(results: list[RunResult]) -> str:
     rows = [
-        "| run | draft | plugin | sglang accept length (tokens / verify) | per request "
+        "| run | draft | sglang | plugin | sglang accept length (tokens / verify) | per request "
         "spec_accept_length | correct / proposed drafts | generate s | tokens/s |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         length = (
@@ -177,7 +234,8 @@ def table(results: list[RunResult]) -> str:
         )
         draft = os.path.basename(r.run.draft) if r.run.draft else "-"
         rows.append(
-            f"| {r.run.label} | {draft} | {'on' if r.run.plugin else 'off'} | {length} | "
+            f"| {r.run.label} | {draft} | {'branch tree' if r.run.sglang_path else 'installed'} | "
+            f"{'on' if r.run.plugin else 'off'} | {length} | "
             f"{per if r.accept_length is not None else '-'} | {drafts} | "
             f"{r.generate_seconds:.1f} | {r.tokens_per_second:.2f} |"
         )
@@ -202,28 +260,28 @@ def machine_line() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Ctrl-C and SIGTERM stop every server started (SIGINT may arrive ignored from a
+    # non-interactive parent shell, so its handler is set explicitly)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     started = time.perf_counter()
     try:
         check_target(args.target)
         check_draft(args.draft)
+        if args.upstream_tree is not None:
+            check_tree(args.upstream_tree)
     except InputError as exc:
         say(f"e2e: {exc}")
         return 2
-    runs = [
-        ServerRun("reference", args.target, None, plugin=True),
-        ServerRun("float", args.target, args.target, plugin=True),
-        ServerRun("stock", args.target, args.draft, plugin=False),
-        ServerRun("plugin", args.target, args.draft, plugin=True),
-    ]
-    prompts = heldout_prompts(args.prompts, args.prompt_len)
-    say(machine_line())
-    say(
-        f"e2e: target {args.target}, draft {args.draft}; {len(runs)} servers, "
-        f"{len(prompts)} prompts x {args.new_tokens} greedy tokens; logs in {args.log_dir}"
-    )
+    runs = server_runs(args)
     results: list[RunResult] = []
     try:
+        prompts = heldout_prompts(args.prompts, args.prompt_len)
+        say(machine_line())
+        say(
+            f"e2e: target {args.target}, draft {args.draft}; {len(runs)} servers, "
+            f"{len(prompts)} prompts x {args.new_tokens} greedy tokens; logs in {args.log_dir}"
+        )
         for index, run in enumerate(runs, 1):
             results.append(serve(run, prompts, args, index, len(runs)))
     except ServerError as exc:
@@ -234,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     by_label = {r.run.label: r for r in results}
     failures = check_outputs(by_label, SPEC_KEYS) + check_logs(by_label, args.draft)
+    if args.family == "moe":
+        failures += check_moe_logs(by_label)
     bars = Bars.of(by_label)
     failures += bars.failures()
     say("")
@@ -244,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(
                 {
                     "machine": machine_line(),
+                    "family": args.family,
                     "prompts": prompts,
                     "new_tokens": args.new_tokens,
                     "bars": bars.to_json(),
@@ -256,11 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     for failure in failures:
         say(f"FAILED: {failure}")
     say(f"total {time.perf_counter() - started:.0f} s; {'FAILED' if failures else 'passed'}")
-    tps = {k: by_label[k].tokens_per_second for k in ("float", "stock", "plugin")}
+    fixed = bars.fixed_label
+    tps = {k: by_label[k].tokens_per_second for k in ("float", "stock", fixed)}
     say(
-        f"e2e accept_length float={bars.float:.3f} stock={bars.stock:.3f} "
-        f"plugin={bars.plugin:.3f} tokens_per_s float={tps['float']:.2f} "
-        f"stock={tps['stock']:.2f} plugin={tps['plugin']:.2f}"
+        f"{args.line} accept_length float={bars.float:.3f} stock={bars.stock:.3f} "
+        f"{fixed}={bars.fixed:.3f} tokens_per_s float={tps['float']:.2f} "
+        f"stock={tps['stock']:.2f} {fixed}={tps[fixed]:.2f}"
     )
     return 1 if failures else 0
 

@@ -17,19 +17,10 @@ import tempfile
 
 import pytest
 
+from support.paths import fixture_dir
+
 #: fixtures defined beside the checkpoints they load (``draft_case``, ``audits``)
-pytest_plugins = ["draft_cases"]
-
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
-MODELSLIM = os.path.join(FIXTURES, "modelslim")
-REFERENCE = os.path.join(FIXTURES, "reference")
-
-DENSE_W8 = (
-    "q35_dense_w8a8_dynamic",
-    "q35_dense_w8a8_static",
-    "q35_dense_w8a16_asym",
-    "q35_dense_w8a8_dynamic_pergroup",
-)
+pytest_plugins = ["support.draft_cases"]
 
 
 _SESSION_TMP: list[str] = []
@@ -55,14 +46,6 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     for root in _SESSION_TMP:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def fixture_dir(name: str) -> str:
-    return os.path.join(MODELSLIM, name)
-
-
-def reference_file(name: str) -> str:
-    return os.path.join(REFERENCE, f"{name}.safetensors")
 
 
 @pytest.fixture(scope="session")
@@ -133,14 +116,6 @@ def rmsnorm_restored():
     yield RMSNorm
     for key, value in saved.items():
         setattr(RMSNorm, key, value)
-
-
-def open_checkpoint(folder: str, wanted=lambda name: "mtp" in name):
-    """The plan's view of a checkpoint folder: the files sglang resolves for it, headers."""
-    from sglang_mtp_dequant.formats.checkpoint import Checkpoint
-    from sglang_mtp_dequant.tools.resolve import resolve_checkpoint
-
-    return Checkpoint.open(resolve_checkpoint(folder), wanted=wanted)
 
 
 @pytest.fixture

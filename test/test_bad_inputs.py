@@ -8,9 +8,9 @@ import os
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from sglang_mtp_dequant.errors import CheckpointFormatError, DraftWeightError
+from support.checkpoints import dropping, edit_tensors
 
 NAME = "q35_dense_w8a8_dynamic"
 SHARD = "quant_model_weights-00001-of-00001.safetensors"
@@ -18,11 +18,7 @@ WEIGHT = "mtp.layers.0.self_attn.q_proj.weight"
 
 
 def edit_shard(folder: str, edit) -> str:
-    path = os.path.join(folder, SHARD)
-    tensors = load_file(path)
-    edit(tensors)
-    save_file(tensors, path, metadata={"format": "pt"})
-    return path
+    return edit_tensors(os.path.join(folder, SHARD), edit)
 
 
 def expect_refusal(load_draft, folder, error_type=DraftWeightError, *fragments):
@@ -37,7 +33,7 @@ def expect_refusal(load_draft, folder, error_type=DraftWeightError, *fragments):
 
 def test_int8_weight_without_scale(load_draft, copy_checkpoint):
     folder = copy_checkpoint(NAME)
-    path = edit_shard(folder, lambda t: t.pop(WEIGHT[: -len("weight")] + "weight_scale"))
+    path = edit_shard(folder, dropping(WEIGHT[: -len("weight")] + "weight_scale"))
     error = expect_refusal(load_draft, folder, DraftWeightError, WEIGHT, path, "no ")
     assert error.tensor == WEIGHT and error.file == path
 
@@ -110,7 +106,7 @@ def test_refused_before_any_parameter_is_written(load_draft, copy_checkpoint, sg
     from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
 
     folder = copy_checkpoint(NAME)
-    edit_shard(folder, lambda t: t.pop("mtp.layers.0.mlp.down_proj.weight_scale"))
+    edit_shard(folder, dropping("mtp.layers.0.mlp.down_proj.weight_scale"))
     config, model = new_draft(folder)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with pytest.raises(DraftWeightError):
@@ -140,7 +136,7 @@ def test_integer_draft_weight_with_no_plan_is_refused_in_the_stream():
 def test_asymmetric_w8a16_weight_without_offset(load_draft, copy_checkpoint):
     """W8A16 offsets are nonzero: without one every weight would decode shifted."""
     folder = copy_checkpoint("q35_dense_w8a16_asym")
-    path = edit_shard(folder, lambda t: t.pop(WEIGHT[: -len("weight")] + "weight_offset"))
+    path = edit_shard(folder, dropping(WEIGHT[: -len("weight")] + "weight_offset"))
     expect_refusal(load_draft, folder, DraftWeightError, WEIGHT, path, "weight_offset")
 
 
@@ -180,16 +176,20 @@ def test_companion_of_an_undefined_dtype_is_refused(
 
 def test_two_stage_second_scale_of_an_undefined_dtype_is_refused(sglang_cpu, copy_checkpoint):
     """The V0 two-stage W4A8 fixture (a Qwen3 checkpoint: planned, not built here)."""
-    from conftest import open_checkpoint
     from sglang_mtp_dequant.formats.plan import DequantPlan
+    from support.checkpoints import open_checkpoint
 
     folder = copy_checkpoint(TWO_STAGE)
     shard = next(f for f in sorted(os.listdir(folder)) if f.endswith(".safetensors"))
     path = os.path.join(folder, shard)
-    tensors = load_file(path)
-    name = next(n for n in sorted(tensors) if n.endswith("weight_scale_second"))
-    tensors[name] = tensors[name].to(torch.int32)
-    save_file(tensors, path, metadata={"format": "pt"})
+    edited = []
+
+    def to_int32(tensors):
+        edited.append(next(n for n in sorted(tensors) if n.endswith("weight_scale_second")))
+        tensors[edited[0]] = tensors[edited[0]].to(torch.int32)
+
+    edit_tensors(path, to_int32)
+    (name,) = edited
     plan = DequantPlan.build(open_checkpoint(folder, wanted=lambda n: True))
     refused = {e.error.tensor: e.error for e in plan.errors}
     assert name in refused and refused[name].file == path

@@ -26,10 +26,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import fixture_dir
-from draft_cases import CASES, Layout, expected
 from sglang_mtp_dequant.errors import DraftWeightError
 from sglang_mtp_dequant.serving.guard import MODE_ENV, MisloadedDraftError
+from support.draft_cases import CASES, Layout, expected
+from support.paths import fixture_dir
 
 DENSE = "q35_dense_w8a8_dynamic"
 FLOAT = "q35_dense_float_mtp"
@@ -103,7 +103,7 @@ def assert_doctor_agrees(folder: str, error: MisloadedDraftError) -> None:
     from sglang_mtp_dequant.tools.doctor import diagnose
 
     report = diagnose(folder)
-    assert report.dry_run.endswith("on the meta device"), report.dry_run
+    assert "on the meta device, through the plugin's stream" in report.dry_run, report.dry_run
     assert report.verdict == "error"
     assert report.unfilled == unwritten(error)
     assert report.skipped == error.skipped
@@ -231,7 +231,7 @@ def test_compressed_tensors_packed_projection_is_refused_before_any_write(
         load_draft(folder)
     assert type(caught.value) is DraftWeightError  # the plan's refusal, before any write
     assert f"draft tensor '{o}.weight_packed'" in str(caught.value)
-    assert "is int32 (codes)" in str(caught.value)
+    assert "is stored as compressed-tensors pack-quantized (int32" in str(caught.value)
     report = diagnose(folder)
     assert report.verdict == "error"
     assert {t.name for t in report.tensors if t.action == "error"} >= {f"{o}.weight_packed"}

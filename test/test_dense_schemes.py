@@ -16,8 +16,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import DENSE_W8, fixture_dir, reference_file
-from reference import DENSE_PROJECTIONS, dequantize_fp32, description, load_all, quantization_step
+from support.paths import DENSE_W8, fixture_dir, reference_file
+from support.reference import (
+    DENSE_PROJECTIONS,
+    dequantize_fp32,
+    description,
+    load_all,
+    quantization_step,
+)
 
 
 def config_dtype(folder: str) -> str:

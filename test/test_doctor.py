@@ -15,33 +15,28 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from conftest import DENSE_W8, fixture_dir
 from sglang_mtp_dequant.errors import DraftWeightError
 from sglang_mtp_dequant.serving.context import sglang_version
 from sglang_mtp_dequant.tools.cli import main
 from sglang_mtp_dequant.tools.doctor import diagnose
 from sglang_mtp_dequant.tools.doctor.analysis import STOCK_LOUD, STOCK_SILENT, STOCK_UNKNOWN
+from support.checkpoints import dropping, edit_description, edit_tensors
+from support.paths import DENSE_W8, fixture_dir
 
 Q35 = (*DENSE_W8, "q35moe_w8a8_dynamic", "q35_dense_float_mtp", "q35_dense_w4a8_dynamic")
 
 
-UNDECODED = "W8A8_MXFP8"  # a type sglang's modelslim knows and this plugin does not decode
+UNDECODED = "W4A4_MXFP4_SVD"  # a type msmodelslim writes and this plugin does not decode
 
 
 def undecoded_scheme_copy(copy_checkpoint) -> str:
     """The W8A8_DYNAMIC fixture with its int8 MTP weights described as a scheme we do not
     decode (stock sglang would copy their codes)."""
     folder = copy_checkpoint("q35_dense_w8a8_dynamic")
-    path = os.path.join(folder, "quant_model_description.json")
-    with open(path) as handle:
-        desc = json.load(handle)
-    for name in int8_draft_weights(folder):
-        desc[name] = UNDECODED
-    os.chmod(path, 0o644)
-    with open(path, "w") as handle:
-        json.dump(desc, handle)
+    names = int8_draft_weights(folder)
+    edit_description(folder, lambda desc: desc.update(dict.fromkeys(names, UNDECODED)))
     return folder
 
 
@@ -87,15 +82,17 @@ def test_one_dequantize_per_int8_draft_weight_and_ok(doctor_json, name):
     assert report["draft_class"] == "Qwen3_5ForCausalLMMTP" and report["hooked"] is True
     if name != "q35_dense_w4a8_dynamic":
         assert "copies the codes of" in report["stock_sglang"]
-    assert report["schema_version"] == 2 and report["unfilled_parameters"] == {}
+    assert report["schema_version"] == 3 and report["unfilled_parameters"] == {}
     assert report["folder"] == folder and "DefaultModelLoader" in report["resolved_by"]
-    assert report["dry_run"] == "Qwen3_5ForCausalLMMTP on the meta device"
+    assert (
+        report["dry_run"] == "Qwen3_5ForCausalLMMTP on the meta device, through the plugin's stream"
+    )
 
 
 def test_float_mtp_checkpoint_is_ok_with_nothing_to_do(doctor_json):
     code, report = doctor_json(fixture_dir("q35_dense_float_mtp"))
     assert code == 0 and report["verdict"] == "ok"
-    assert report["counts"] == {"dequantize": 0, "keep": 15, "error": 0}
+    assert report["counts"] == {"dequantize": 0, "keep": 15, "pass": 0, "error": 0}
     assert report["stock_sglang"].endswith("as the float it is: nothing to fix")
 
 
@@ -111,16 +108,18 @@ def test_undecoded_scheme_is_an_error_naming_each_tensor(doctor_json, copy_check
         assert row["stock"] == STOCK_UNKNOWN
 
 
-def test_missing_scale_is_an_error_naming_the_tensor(doctor_json, copy_checkpoint):
+def missing_scale_copy(copy_checkpoint) -> str:
+    """The W8A8_DYNAMIC fixture without ``mtp.layers.0.mlp.up_proj.weight_scale``."""
     folder = copy_checkpoint("q35_dense_w8a8_dynamic")
-    (path,) = glob.glob(os.path.join(folder, "*.safetensors"))
-    tensors = load_file(path)
-    del tensors["mtp.layers.0.mlp.up_proj.weight_scale"]
-    os.chmod(path, 0o644)
-    save_file(tensors, path, metadata={"format": "pt"})
+    edit_tensors(folder, dropping("mtp.layers.0.mlp.up_proj.weight_scale"))
     index = os.path.join(folder, "quant_model_weights.safetensors.index.json")
     os.chmod(index, 0o644)
     os.remove(index)  # the index would otherwise (rightly) name the missing tensor's shard
+    return folder
+
+
+def test_missing_scale_is_an_error_naming_the_tensor(doctor_json, copy_checkpoint):
+    folder = missing_scale_copy(copy_checkpoint)
     code, report = doctor_json(folder)
     assert code == 1 and report["verdict"] == "error"
     (error,) = [t for t in report["tensors"] if t["action"] == "error"]
@@ -135,14 +134,10 @@ def test_quantized_types_stored_as_float_are_noted_and_left_to_the_guard(
     """Headers cannot tell dequantized-upstream weights from codes stored as floats: the doctor
     keeps them and says so; the real load then stops on the guard (test_guard.py)."""
     folder = copy_checkpoint("q35_dense_w8a8_dynamic")
-    (path,) = glob.glob(os.path.join(folder, "*.safetensors"))
-    tensors = load_file(path)
     name = "mtp.layers.0.mlp.down_proj.weight"
-    tensors[name] = tensors[name].to(torch.bfloat16)
-    os.chmod(path, 0o644)
-    save_file(tensors, path, metadata={"format": "pt"})
+    edit_tensors(folder, lambda t: t.update({name: t[name].to(torch.bfloat16)}))
     code, report = doctor_json(folder)
-    assert code == 0 and report["counts"] == {"dequantize": 6, "keep": 9, "error": 0}
+    assert code == 0 and report["counts"] == {"dequantize": 6, "keep": 9, "pass": 0, "error": 0}
     (row,) = [t for t in report["tensors"] if t["name"] == name]
     assert row["action"] == "keep" and row["reason"].startswith("described as W8A8_DYNAMIC but")
     assert report["notes"] == [
@@ -163,9 +158,9 @@ def test_checkpoint_without_draft_tensors_is_an_error(doctor_json):
 
 def test_not_a_folder_is_an_error(doctor_json, tmp_path):
     code, report = doctor_json(str(tmp_path / "nope"))
-    assert code == 1 and report["verdict"] == "error"
+    assert code == 1 and report["verdict"] == "error" and report["error_kind"] == "missing-path"
     (problem,) = report["problems"]
-    assert "is not a checkpoint folder, and sglang found no local copy of it" in problem
+    assert problem.startswith(f"{tmp_path / 'nope'}: does not exist. What to do:")
 
 
 def test_corrupt_shard_is_an_error_naming_the_file(doctor_json, copy_checkpoint):
@@ -224,11 +219,16 @@ def test_console_script_exit_code(copy_checkpoint, sglang_log):
         assert "UserWarning" in handle.read()  # sglang's import-time warnings, not in stdout
 
 
-@pytest.mark.parametrize("name", Q35)
-def test_doctor_verdict_matches_the_real_load(load_draft, name):
-    """ok <=> sglang's draft loads through the hook; error <=> refused naming a doctor error."""
-    folder = fixture_dir(name)
+BROKEN = {"undecoded-scheme": undecoded_scheme_copy, "missing-scale": missing_scale_copy}
+
+
+@pytest.mark.parametrize("name", (*Q35, *BROKEN))
+def test_doctor_verdict_matches_the_real_load(load_draft, copy_checkpoint, name):
+    """ok <=> sglang's draft loads through the hook; error <=> refused naming a doctor error.
+    Both halves run: the fixtures are ok, the broken copies of one are errors."""
+    folder = BROKEN[name](copy_checkpoint) if name in BROKEN else fixture_dir(name)
     report = diagnose(folder)
+    assert report.verdict == ("error" if name in BROKEN else "ok"), report.problems
     if report.verdict == "ok":
         load_draft(folder)
         return
@@ -242,6 +242,7 @@ def test_stock_claims_match_stock_sglang(load_draft):
     """ "silent misload": stock holds codes (test_dense_schemes); "fails the shape check":
     stock sglang's own loader stops."""
     report = diagnose(fixture_dir("q35_dense_w4a8_dynamic"))
-    assert all(t.stock == STOCK_LOUD for t in report.tensors if t.dtype == "int8")
+    packed = [t for t in report.tensors if t.dtype == "int8"]
+    assert len(packed) == 7 and all(t.stock == STOCK_LOUD for t in packed)
     with pytest.raises(AssertionError, match="param_data.shape"):
         load_draft(fixture_dir("q35_dense_w4a8_dynamic"), plugin=False)

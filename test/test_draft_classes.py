@@ -24,7 +24,7 @@ import pkgutil
 import pytest
 import torch
 
-from draft_cases import CASES, MODELS, expected, spec_of
+from support.draft_cases import CASES, MODELS, expected, spec_of
 
 # -- the hooks -----------------------------------------------------------------------------------
 

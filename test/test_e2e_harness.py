@@ -20,8 +20,12 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HARNESS = os.path.join(ROOT, "benchmarks", "e2e_server.py")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from e2e.server import RUN_MARK  # noqa: E402
+
 E2E = os.path.join(ROOT, "test", "fixtures", "e2e")
 FLOAT, W8A8 = os.path.join(E2E, "float"), os.path.join(E2E, "w8a8")
+MOE_FLOAT, MOE_W8A8 = os.path.join(E2E, "moe_float"), os.path.join(E2E, "moe_w8a8")
 
 
 def run_harness(*args: str, timeout: float = 120.0) -> tuple[subprocess.CompletedProcess, float]:
@@ -32,19 +36,23 @@ def run_harness(*args: str, timeout: float = 120.0) -> tuple[subprocess.Complete
     return out, time.perf_counter() - started
 
 
-def servers_of(folder: str) -> list[str]:
-    """Command lines of live sglang processes serving ``folder`` (any the harness left)."""
+def server_processes(log_dir) -> list[str]:
+    """Live processes of any server whose log is under ``log_dir``: the launcher and every
+    process it spawned inherit ``RUN_MARK`` (set to the server's log path) in their
+    environment."""
+    mark = f"{RUN_MARK}={log_dir}".encode()
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                cmd = handle.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                environ = handle.read().split(b"\0")
             with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
                 state = handle.read().rpartition(")")[2].split()[0]
         except OSError:
             continue
-        if folder in cmd and state != "Z" and int(pid) != os.getpid():
-            found.append(cmd)
+        if state != "Z" and any(entry.startswith(mark) for entry in environ):
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                found.append(f"{pid}: " + handle.read().replace(b"\0", b" ").decode()[:200])
     return found
 
 
@@ -61,6 +69,33 @@ def test_the_bundled_default_is_what_the_harness_serves():
     assert len(codes) == 7, codes
 
 
+def test_the_bundled_moe_default_is_what_the_harness_serves():
+    """``--family moe``: a Qwen3.5-MoE, every layer full attention, whose ModelSlim draft holds
+    int8 codes for its attention, every routed expert, the shared expert and its gate, and
+    keeps the router float."""
+    from safetensors import safe_open
+
+    with open(os.path.join(MOE_FLOAT, "config.json")) as handle:
+        config = json.load(handle)
+    assert config["architectures"] == ["Qwen3_5MoeForCausalLM"]
+    assert config["full_attention_interval"] == 1
+    assert set(config["layer_types"]) == {"full_attention"}
+    experts = config["num_experts"]
+    with safe_open(os.path.join(MOE_FLOAT, "model.safetensors"), "np") as f:
+        names = set(f.keys())  # noqa: SIM118
+    # the MTP layer's experts one per tensor (Qwen3.5-MoE's release layout), the backbone's fused
+    assert {f"mtp.layers.0.mlp.experts.{e}.up_proj.weight" for e in range(experts)} <= names
+    assert "model.layers.0.mlp.experts.gate_up_proj" in names
+    shard = os.path.join(MOE_W8A8, "quant_model_weights-00001-of-00001.safetensors")
+    with safe_open(shard, "np") as f:
+        dtypes = {n: f.get_slice(n).get_dtype() for n in f.keys() if n.startswith("mtp.")}  # noqa: SIM118
+    codes = {n for n, d in dtypes.items() if d == "I8"}
+    assert len(codes) == 4 + 3 * experts + 3 + 1, sorted(codes)
+    assert "mtp.layers.0.mlp.experts.7.down_proj.weight" in codes
+    assert "mtp.layers.0.mlp.shared_expert_gate.weight" in codes
+    assert dtypes["mtp.layers.0.mlp.gate.weight"] == "BF16"
+
+
 @pytest.mark.parametrize(
     "args, said",
     [
@@ -71,8 +106,12 @@ def test_the_bundled_default_is_what_the_harness_serves():
             "is a file, not a folder",
         ),
         (["--draft", FLOAT], "every mtp.* tensor is float: there is nothing for the plugin"),
+        (
+            ["--family", "moe", "--draft", MOE_FLOAT],
+            "every mtp.* tensor is float: there is nothing for the plugin",
+        ),
     ],
-    ids=["target-missing", "draft-missing", "draft-is-a-file", "draft-float"],
+    ids=["target-missing", "draft-missing", "draft-is-a-file", "draft-float", "moe-draft-float"],
 )
 def test_bad_folders_are_refused_in_seconds(args, said):
     out, seconds = run_harness(*args)
@@ -104,7 +143,7 @@ def test_a_port_in_use_is_refused_before_a_server_starts(tmp_path):
     assert out.returncode == 1
     assert f"port {port} on 127.0.0.1 is in use" in out.stdout
     assert seconds < 30  # the prompts (sglang's corpus) are read first
-    assert not servers_of(FLOAT)
+    assert not server_processes(tmp_path)
 
 
 @pytest.mark.slow
@@ -120,28 +159,31 @@ def test_a_server_that_dies_during_start_up_is_reported_with_its_log(tmp_path):
     assert out.returncode == 1, out.stdout[-3000:]
     assert "the reference server exited with status" in out.stdout
     assert "last lines:" in out.stdout and "NoSuchModelForCausalLM" in out.stdout
-    assert not servers_of(str(target))
+    assert not server_processes(tmp_path / "logs")
 
 
 @pytest.mark.slow
 def test_ctrl_c_during_start_up_stops_the_server(tmp_path):
-    """SIGINT while the first server starts: exit 130 and no sglang process left."""
-    target = tmp_path / "float"
-    shutil.copytree(FLOAT, target)  # a folder of its own: only this run's servers name it
+    """SIGINT while the first server starts (its launcher and a spawned child alive): exit
+    130 and no process of it left."""
     log_dir = tmp_path / "logs"
     proc = subprocess.Popen(
-        [sys.executable, HARNESS, "--target", str(target), "--log-dir", str(log_dir)],
+        [sys.executable, HARNESS, "--log-dir", str(log_dir)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.monotonic() + 120
-    while not servers_of(str(target)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert servers_of(str(target)), "the harness never started a server"
-    time.sleep(5)  # inside sglang's start-up, children spawned or spawning
-    proc.send_signal(signal.SIGINT)
-    stdout, _ = proc.communicate(timeout=120)
+    try:
+        deadline = time.monotonic() + 120
+        while len(server_processes(log_dir)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(server_processes(log_dir)) >= 2, "the server never spawned its processes"
+        proc.send_signal(signal.SIGINT)
+        stdout, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # a failed assertion above: stop it the other documented way
+            proc.terminate()
+            proc.communicate(timeout=120)
     assert proc.returncode == 130, stdout[-3000:]
     assert "interrupted; every server started has been stopped" in stdout
-    assert not servers_of(str(target))
+    assert not server_processes(log_dir)

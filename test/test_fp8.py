@@ -23,11 +23,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import fixture_dir, reference_file
-from reference import DENSE_PROJECTIONS, load_all
 from sglang_mtp_dequant.errors import DraftWeightError
 from sglang_mtp_dequant.serving.guard import MODE_ENV
 from sglang_mtp_dequant.serving.guard.values import code_evidence
+from support.checkpoints import dropping, edit_tensors
+from support.paths import fixture_dir, reference_file
+from support.reference import DENSE_PROJECTIONS, load_all
 
 BLOCK = 128
 FLOAT = "q35_dense_float_mtp"
@@ -261,10 +262,10 @@ def test_stock_sglang_loads_the_raw_float8_values(load_draft, tmp_path):
 @pytest.mark.parametrize("missing", ("mtp.layers.0.self_attn.k_proj.weight", "mtp.fc.weight"))
 def test_float8_weight_without_its_scale_is_refused_naming_it(load_draft, tmp_path, missing):
     folder, _ = fp8_from_fixture(str(tmp_path / "fp8"), FLOAT, block_quantize, "weight_scale_inv")
-    path = os.path.join(folder, "model.safetensors")
-    tensors = load_file(path)
-    del tensors[missing.replace(".weight", ".weight_scale_inv")]
-    save_file(tensors, path, metadata={"format": "pt"})
+    edit_tensors(
+        os.path.join(folder, "model.safetensors"),
+        dropping(missing.replace(".weight", ".weight_scale_inv")),
+    )
     with pytest.raises(DraftWeightError) as caught:
         load_draft(folder)
     message = str(caught.value)
@@ -275,11 +276,11 @@ def test_float8_weight_without_its_scale_is_refused_naming_it(load_draft, tmp_pa
 def test_block_scale_of_the_wrong_shape_is_refused(load_draft, tmp_path):
     """A scale that fits no block size (3 row blocks for 64 rows) is never broadcast."""
     folder, _ = fp8_from_fixture(str(tmp_path / "fp8"), FLOAT, block_quantize, "weight_scale_inv")
-    path = os.path.join(folder, "model.safetensors")
-    tensors = load_file(path)
     name = "mtp.layers.0.self_attn.k_proj.weight_scale_inv"
-    tensors[name] = torch.ones(5, 1)
-    save_file(tensors, path, metadata={"format": "pt"})
+    edit_tensors(
+        os.path.join(folder, "model.safetensors"),
+        lambda tensors: tensors.update({name: torch.ones(5, 1)}),
+    )
     with pytest.raises(DraftWeightError, match="mtp.layers.0.self_attn.k_proj.weight"):
         load_draft(folder)
 
@@ -317,17 +318,19 @@ def test_doctor_plans_fp8_and_sees_every_parameter_filled(tmp_path, kind, scheme
         assert row.scheme == scheme and row.dtype == "float8_e4m3fn", name
         assert row.companions == [name.replace(".weight", f".{suffix}")]
     assert report.verdict == "ok" and report.unfilled == {} and report.skipped == []
-    assert report.dry_run == "Qwen3_5ForCausalLMMTP on the meta device"
+    assert report.dry_run == (
+        "Qwen3_5ForCausalLMMTP on the meta device, through the plugin's stream"
+    )
 
 
 def test_doctor_refuses_the_float8_weight_without_scale(tmp_path):
     from sglang_mtp_dequant.tools.doctor import diagnose
 
     folder, _ = fp8_from_fixture(str(tmp_path / "fp8"), FLOAT, block_quantize, "weight_scale_inv")
-    path = os.path.join(folder, "model.safetensors")
-    tensors = load_file(path)
-    del tensors["mtp.layers.0.mlp.up_proj.weight_scale_inv"]
-    save_file(tensors, path, metadata={"format": "pt"})
+    edit_tensors(
+        os.path.join(folder, "model.safetensors"),
+        dropping("mtp.layers.0.mlp.up_proj.weight_scale_inv"),
+    )
     report = diagnose(folder)
     assert report.verdict == "error"
     assert [t.name for t in report.tensors if t.action == "error"] == [

@@ -21,10 +21,8 @@ import os
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from conftest import DENSE_W8, MODELSLIM, REFERENCE, fixture_dir, open_checkpoint
-from reference import DENSE_PROJECTIONS
 from sglang_mtp_dequant.errors import DraftWeightError
 from sglang_mtp_dequant.serving.guard import (
     MODE_ENV,
@@ -48,6 +46,9 @@ from sglang_mtp_dequant.serving.guard.values import (
     integer_code_evidence,
     nonfinite_rows,
 )
+from support.checkpoints import edit_tensors, open_checkpoint, safetensors_files
+from support.paths import DENSE_W8, MODELSLIM, REFERENCE, fixture_dir
+from support.reference import DENSE_PROJECTIONS
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DTYPE_IDS = ("bf16", "fp16", "fp32")
@@ -93,12 +94,12 @@ def test_no_finding_on_any_float_tensor_of_the_fixtures():
                 assert_no_format_fires(tensor.to(dtype), f"{folder}: {name} {dtype}")
                 assert nonfinite_rows(tensor.to(dtype)) == 0
             checked += 1
-    assert checked == 597  # every FLOAT tensor of the 13 fixtures: target, vision, MTP
+    assert checked == 907  # every FLOAT tensor of the 18 fixtures: target, vision, MTP
 
 
 def test_no_finding_on_the_original_float_mtp_weights():
     paths = glob.glob(os.path.join(REFERENCE, "*.safetensors"))
-    assert len(paths) == 14  # one per fixture, and glm5_w8a8_mtp's pre-quantization weights
+    assert len(paths) == 19  # one per fixture, and glm5_w8a8_mtp's pre-quantization weights
     for path in paths:
         for name, tensor in load_file(path).items():
             for dtype in FLOAT_DTYPES:
@@ -383,8 +384,11 @@ class PassThrough:
 
 def _recorded_stock_load(folder: str):
     """Build the fixture's draft and load it with sglang's own load_weights, recording the
-    writes as the hook does, and return what ``check_loaded_draft`` takes."""
+    writes as the hook does, and return the model and the record ``check_loaded_draft``
+    takes (no plan: stock sglang plans nothing)."""
     from sglang_mtp_dequant.serving.drafts import spec_for_architecture
+    from sglang_mtp_dequant.serving.load_record import DraftLoad
+    from sglang_mtp_dequant.serving.stream import StreamStats
     from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
 
     config, model = new_draft(folder)
@@ -392,7 +396,8 @@ def _recorded_stock_load(folder: str):
     with WriteRecorder(model, spec.from_target) as writes:
         stream = PassThrough(spec.draft_names(model), writes.on_streamed)
         type(model).load_weights.__wrapped__(model, stream.apply(sglang_weights(config, model)))
-    return model, stream, writes
+    load = DraftLoad(Q35, folder, torch.bfloat16, None, stream.streamed, StreamStats(), writes, 0.0)
+    return model, load
 
 
 def test_check_loaded_draft_on_a_stock_load_names_codes_sources_and_skipped(
@@ -403,9 +408,9 @@ def test_check_loaded_draft_on_a_stock_load_names_codes_sources_and_skipped(
     stream's dtypes: no plan, so no file or description); the 14 scales and offsets the class
     skipped are listed; warn returns the findings; off nothing."""
     folder = fixture_dir("q35_dense_w8a8_dynamic")
-    model, stream, writes = _recorded_stock_load(folder)
+    model, load = _recorded_stock_load(folder)
     with pytest.raises(MisloadedDraftError) as caught:
-        check_loaded_draft(model, stream, writes, Q35, folder)
+        check_loaded_draft(model, load)
     error = caught.value
     assert sorted(f.parameter for f in error.findings) == sorted(DENSE_PROJECTIONS)
     for finding in error.findings:
@@ -423,14 +428,14 @@ def test_check_loaded_draft_on_a_stock_load_names_codes_sources_and_skipped(
     assert f"the {Q35} draft loaded from {folder} would serve garbage: raw codes" in str(error)
     assert "fed by mtp.layers.0.self_attn.o_proj.weight (int8, copied as raw codes)" in str(error)
     monkeypatch.setenv(MODE_ENV, "warn")
-    assert check_loaded_draft(model, stream, writes, Q35, folder) == error.findings
+    assert check_loaded_draft(model, load) == error.findings
     monkeypatch.setenv(MODE_ENV, "off")
-    assert check_loaded_draft(model, stream, writes, Q35, folder) == []
+    assert check_loaded_draft(model, load) == []
 
 
 def test_check_loaded_draft_passes_a_clean_stock_load_of_a_float_draft(sglang_cpu):
-    model, stream, writes = _recorded_stock_load(fixture_dir("q35_dense_float_mtp"))
-    assert check_loaded_draft(model, stream, writes, Q35, "/x") == []
+    model, load = _recorded_stock_load(fixture_dir("q35_dense_float_mtp"))
+    assert check_loaded_draft(model, load) == []
 
 
 # -- through sglang's real hook --------------------------------------------------------------
@@ -451,13 +456,12 @@ def _rewrite_draft(copy_checkpoint, change, fixture="q35_dense_w8a8_dynamic") ->
     """A copy of ``fixture`` whose draft tensors went through ``change(name, tensor)``
     (returning the tensor to store, or the same one)."""
     folder = copy_checkpoint(fixture)
-    for path in glob.glob(os.path.join(folder, "*.safetensors")):
-        tensors = load_file(path)
-        for name, tensor in tensors.items():
-            if name.startswith("mtp."):
-                tensors[name] = change(name, tensor)
-        os.chmod(path, 0o644)
-        save_file(tensors, path, metadata={"format": "pt"})
+
+    def changed(tensors):
+        return {n: change(n, t) if n.startswith("mtp.") else t for n, t in tensors.items()}
+
+    for path in safetensors_files(folder):
+        edit_tensors(path, changed)
     return folder
 
 

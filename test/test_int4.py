@@ -21,8 +21,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import fixture_dir, reference_file
-from reference import (
+from support.checkpoints import edit_tensors
+from support.paths import fixture_dir, reference_file
+from support.reference import (
     DENSE_PROJECTIONS,
     dequantize_int4_fp32,
     description,
@@ -50,10 +51,10 @@ def expected(folder: str, name: str, dtype=torch.bfloat16) -> torch.Tensor:
 def stream_through_plugin(folder: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The hook's transform, fed by sglang's DefaultModelLoader stream; every tensor counts as
     draft (these V0 fixtures are whole Qwen3 layers: there is no Qwen3 draft class to build)."""
-    from conftest import open_checkpoint
     from sglang_mtp_dequant.formats.plan import DequantPlan
     from sglang_mtp_dequant.serving.stream import DequantizingStream
     from sglang_mtp_dequant.tools.cpu_sglang import path_weights
+    from support.checkpoints import open_checkpoint
 
     plan = DequantPlan.build(open_checkpoint(folder, wanted=lambda name: True))
     plan.raise_first_error()
@@ -285,15 +286,17 @@ def test_packed_w4a16_without_version_is_refused_at_decode(tmp_path):
 
 
 def test_nonzero_w4a8_offset_is_refused(tmp_path):
-    from conftest import open_checkpoint
     from sglang_mtp_dequant.formats.plan import DequantPlan
+    from support.checkpoints import open_checkpoint
 
     folder = str(tmp_path / "offset")
     shutil.copytree(fixture_dir(W4A8_V1), folder)
     path = os.path.join(folder, "quant_model_weights-00001-of-00001.safetensors")
-    tensors = load_file(path)
-    tensors["mtp.layers.0.mlp.up_proj.weight_offset"][3] = 2.0
-    save_file(tensors, path)
+
+    def nonzero_offset(tensors):
+        tensors["mtp.layers.0.mlp.up_proj.weight_offset"][3] = 2.0
+
+    edit_tensors(path, nonzero_offset, metadata=None)
     plan = DequantPlan.build(open_checkpoint(folder, wanted=lambda n: n.startswith("mtp.")))
     (refused,) = plan.errors
     assert refused.info.name == "mtp.layers.0.mlp.up_proj.weight"

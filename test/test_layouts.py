@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from reference import DENSE_PROJECTIONS, dequantize_fp32, description, load_all
+from support.reference import DENSE_PROJECTIONS, dequantize_fp32, description, load_all
 
 NAME = "q35_dense_w8a8_dynamic"
 
@@ -130,8 +130,8 @@ def test_plan_reads_headers_and_companions_only(
     companions it holds (here spread over two shards: weight_scale / deq_scale in one, the
     other companions with the weights in the other)."""
     import sglang_mtp_dequant.formats.checkpoint as checkpoint
-    from conftest import open_checkpoint
     from sglang_mtp_dequant.formats.plan import DequantPlan
+    from support.checkpoints import open_checkpoint
 
     folder = copy_checkpoint(name)
     resplit(folder, lambda n: n.endswith(("weight_scale", "deq_scale")))

@@ -21,13 +21,14 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from conftest import fixture_dir, open_checkpoint
-from reference import dequantize_fp32, load_all
 from sglang_mtp_dequant.errors import CheckpointFormatError, DraftWeightError
 from sglang_mtp_dequant.formats.checkpoint import Checkpoint, TensorInfo
 from sglang_mtp_dequant.formats.plan import DequantPlan
 from sglang_mtp_dequant.formats.schemes.int8 import AffineInt8, StaticInt8
 from sglang_mtp_dequant.tools.doctor import diagnose
+from support.checkpoints import open_checkpoint
+from support.paths import fixture_dir
+from support.reference import dequantize_fp32, load_all
 
 FIXTURE = fixture_dir("q35_dense_w8a8_dynamic")
 SHARD = "quant_model_weights-00001-of-00001.safetensors"

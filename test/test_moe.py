@@ -21,10 +21,11 @@ import weakref
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from conftest import fixture_dir, reference_file
-from reference import (
+from support.checkpoints import edit_description, edit_tensors
+from support.paths import fixture_dir, reference_file
+from support.reference import (
     dequantize_fp32,
     dequantize_int4_fp32,
     load_all,
@@ -49,19 +50,18 @@ def expert(e: int, proj: str) -> str:
 
 def edit_checkpoint(folder: str, edit) -> None:
     """Rewrite the fixture copy's one shard and its description through ``edit(tensors, desc)``."""
-    shard = os.path.join(folder, "quant_model_weights-00001-of-00001.safetensors")
-    desc_path = os.path.join(folder, "quant_model_description.json")
-    tensors = load_file(shard)
-    with open(desc_path) as handle:
-        desc = json.load(handle)
-    edit(tensors, desc)
-    save_file(tensors, shard, metadata={"format": "pt"})
-    with open(desc_path, "w") as handle:
-        json.dump(desc, handle)
+    shard = "quant_model_weights-00001-of-00001.safetensors"
+    names: list[str] = []
+
+    def both(tensors):
+        edit_description(folder, lambda desc: edit(tensors, desc))
+        names.extend(tensors)
+
+    edit_tensors(os.path.join(folder, shard), both)
     index_path = os.path.join(folder, "quant_model_weights.safetensors.index.json")
     with open(index_path) as handle:
         index = json.load(handle)
-    index["weight_map"] = {name: os.path.basename(shard) for name in tensors}
+    index["weight_map"] = dict.fromkeys(names, shard)
     with open(index_path, "w") as handle:
         json.dump(index, handle)
 
@@ -294,10 +294,10 @@ def test_decoding_never_allocates_a_full_fp32_copy():
 
 def test_stream_holds_no_decoded_tensor_after_yielding():
     """The transform is lazy: each decoded tensor is released once sglang's loader drops it."""
-    from conftest import open_checkpoint
     from sglang_mtp_dequant.formats.plan import DequantPlan
     from sglang_mtp_dequant.serving.stream import DequantizingStream
     from sglang_mtp_dequant.tools.cpu_sglang import path_weights
+    from support.checkpoints import open_checkpoint
 
     folder = fixture_dir(MOE)
     is_draft = lambda name: name.startswith("mtp.")  # noqa: E731

@@ -35,6 +35,39 @@ def test_requirements_do_not_name_sglang():
     assert any(r.startswith("torch") for r in requirements)
 
 
+def test_the_pinned_sglang_is_the_one_installed():
+    """Every test here is against sglang 0.5.23 (the hook targets, the ledger were read in it)."""
+    from sglang_mtp_dequant.serving.context import sglang_version
+
+    assert sglang_version() == "0.5.23"
+
+
+def _requirements(path: str) -> dict[str, str | None]:
+    """name -> pinned version (None when unpinned) of a requirements file."""
+    import re
+
+    out: dict[str, str | None] = {}
+    for line in open(path, encoding="utf-8"):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, _, version = re.split(r"(==)", line, maxsplit=1) if "==" in line else (line, "", "")
+        out[name.strip().lower().replace("_", "-")] = version.strip() or None
+    return out
+
+
+def test_the_lock_pins_every_chosen_requirement():
+    """``make venv`` installs requirements/cpu-lock.txt with --no-deps: every package chosen in
+    cpu.txt must be in it, at the version cpu.txt pins."""
+    chosen = _requirements(os.path.join(ROOT, "requirements", "cpu.txt"))
+    lock = _requirements(os.path.join(ROOT, "requirements", "cpu-lock.txt"))
+    assert all(version is not None for version in lock.values()), "the lock pins everything"
+    for name, version in chosen.items():
+        assert name in lock, f"{name} (cpu.txt) is not in cpu-lock.txt: regenerate the lock"
+        if version is not None:
+            assert lock[name] == version, f"{name}: cpu.txt pins {version}, the lock {lock[name]}"
+
+
 # -- layering: the package's own import graph ---------------------------------------------------
 
 PACKAGE = os.path.join(ROOT, "python", "sglang_mtp_dequant")
@@ -158,7 +191,8 @@ def test_sglangs_private_names_are_spelled_only_in_the_ledger():
         "_prepare_weights", "_maybe_download_from_modelscope", "_get_all_weights",
         "_get_weights_iterator", "_initialize_model", "_get_quantization_config", "_patched",
         "_launch_scheduler_processes", "_map_global_expert_id_to_local_expert_id",
-        "_sglang_require_global_experts", "runtime_context",
+        "_sglang_require_global_experts", "runtime_context", "_get_excluded_dists",
+        "get_rope_cpu", "is_npu",
     }  # fmt: skip
     for name in spelled:
         assert any(name in entry.name for entry in LEDGER), f"{name} has no ledger entry"

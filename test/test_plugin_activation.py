@@ -10,8 +10,8 @@ import sys
 
 import torch
 
-from conftest import fixture_dir
 from sglang_mtp_dequant.serving.drafts import DraftSpec, mtp_prefix
+from support.paths import fixture_dir
 
 
 def test_entry_point_is_installed_in_sglang_plugin_group():
@@ -57,7 +57,6 @@ def test_missing_hook_target_warns_with_sglang_version(sglang_cpu, caplog):
     message = warnings[0].getMessage()
     assert spec.target in message and f"sglang {sglang_version()}" in message
     assert "has no attribute 'NoSuchDraftClass'" in message
-    assert sglang_version() == "0.5.23"
 
 
 BROKEN_MODULES = {

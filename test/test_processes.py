@@ -41,6 +41,8 @@ if __name__ == "__main__":  # the launcher: CPU-only torchvision shim before sgl
 
 import pytest
 
+from sglang_mtp_dequant.tools.cpu_sglang import free_port
+
 pytestmark = pytest.mark.slow  # spawns processes (see pyproject.toml)
 
 TEST_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -261,7 +263,7 @@ def launches():
 
 def _launches(tmp: str):
     site = write_probe_site(os.path.join(tmp, "site"))
-    port = _free_port()
+    port = free_port()
     runs = {
         "single_node_tp2": start_launch(tmp, site, "single", "--tp", "2"),
         "node1_of_2_tp2": start_launch(
@@ -283,14 +285,6 @@ def _launches(tmp: str):
         if run.proc.poll() is None:
             os.killpg(run.proc.pid, signal.SIGKILL)
             run.proc.wait()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def assert_scheduler_has_plugin(report: dict, launcher_pid: int) -> None:

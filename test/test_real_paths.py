@@ -27,9 +27,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import fixture_dir, open_checkpoint
-from hub_cache import config_only, make_hf_cache, make_modelscope_cache
-from reference import (
+from support.checkpoints import open_checkpoint
+from support.hub_cache import config_only, make_hf_cache, make_modelscope_cache
+from support.paths import fixture_dir
+from support.reference import (
     DENSE_PROJECTIONS,
     dequantize_fp32,
     dequantize_int4_fp32,
@@ -366,7 +367,14 @@ def test_not_cached_is_a_clear_error_without_network(
     assert (f"at revision {revision!r}" in caught.value.problem) == (revision is not None)
     report = diagnose(repo, revision=revision, download_dir=download_dir)
     assert report.verdict == "error" and report.folder == "" and report.files == 0
-    assert report.problems == [str(caught.value)]
+    if revision is None:
+        # a repo in no cache at all: the doctor says so before importing sglang (preflight),
+        # naming every cache it looked in
+        (problem,) = report.problems
+        assert problem.startswith(f"{repo}: is neither a folder nor a hub model in a local cache")
+        assert download_dir is None or f"{download_dir}," in problem
+    else:  # the repo is cached, that revision is not: sglang's own resolution says so
+        assert report.problems == [str(caught.value)]
 
 
 # -- index files, judged as sglang judges them ---------------------------------------------------

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,8 +32,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from conftest import fixture_dir
-from tp_worker import Layout, RankJob, run_rank
+from sglang_mtp_dequant.tools.cpu_sglang import free_port
+from support.paths import fixture_dir
+from support.rank_worker import Layout, RankJob, run_rank
 
 pytestmark = pytest.mark.slow  # spawns processes (see pyproject.toml)
 
@@ -63,19 +63,13 @@ QUANTIZED_PARAMS = {
 NOT_LOADED = {"lm_head.weight"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class TwoRanks:
     """The two spawned ranks of one run; ``wait()`` returns their output folder."""
 
     def __init__(self, out_dir: str) -> None:
         self.out_dir = out_dir
         layouts = tuple(
-            Layout(tag, fixture_dir(name), ep, _free_port()) for tag, (name, ep) in LOADS.items()
+            Layout(tag, fixture_dir(name), ep, free_port()) for tag, (name, ep) in LOADS.items()
         )
         ctx = multiprocessing.get_context("spawn")  # the start method sglang forces
         self.procs = [

@@ -1,4 +1,4 @@
-"""The CPU cases of the upstream pull request (text in shared/seed), with our behaviour.
+"""The CPU cases of the upstream pull request sgl-project/sglang#37736, with our behaviour.
 
 The upstream fix reads ``mtp.*.weight_scale`` from ``quant_model_weights.safetensors.index.json``
 and multiplies int8 weights by it inside ``load_weights``. Where we differ: a scale whose shape
@@ -14,10 +14,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import fixture_dir, open_checkpoint
 from sglang_mtp_dequant.formats.plan import DequantPlan
 from sglang_mtp_dequant.serving.drafts import DRAFT_SPECS
 from sglang_mtp_dequant.serving.stream import DequantizingStream
+from support.checkpoints import edit_tensors, open_checkpoint
+from support.paths import fixture_dir
 
 NAME = "q35_dense_w8a8_dynamic"
 SHARD = "quant_model_weights-00001-of-00001.safetensors"
@@ -84,13 +85,12 @@ def test_exact_bf16_value(load_draft):
 
 def test_shape_mismatch_is_an_error_not_a_no_op(copy_checkpoint):
     """Upstream skipped a misfitting scale (raw codes loaded); here the plan refuses it."""
-    from safetensors.torch import save_file
 
     folder = copy_checkpoint(NAME)
-    path = os.path.join(folder, SHARD)
-    tensors = load_file(path)
-    tensors["mtp.layers.0.mlp.up_proj.weight_scale"] = torch.full((64, 1), 0.01)
-    save_file(tensors, path, metadata={"format": "pt"})
+    edit_tensors(
+        os.path.join(folder, SHARD),
+        lambda t: t.update({"mtp.layers.0.mlp.up_proj.weight_scale": torch.full((64, 1), 0.01)}),
+    )
     plan = plan_for(folder)
     entry = plan.entries["mtp.layers.0.mlp.up_proj.weight"]
     assert entry.action == "error" and "[64, 1]" in entry.reason and "[128, 64]" in entry.reason

@@ -14,8 +14,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import DENSE_W8, fixture_dir, reference_file
-from reference import DENSE_PROJECTIONS, dequantize_fp32, description, load_all
 from sglang_mtp_dequant.tools.cli import main
 from sglang_mtp_dequant.tools.verify import (
     ParamRow,
@@ -24,6 +22,8 @@ from sglang_mtp_dequant.tools.verify import (
     render_verify,
     run_verify,
 )
+from support.paths import DENSE_W8, fixture_dir, reference_file
+from support.reference import DENSE_PROJECTIONS, dequantize_fp32, description, load_all
 
 DEMO = "q35_dense_w8a8_dynamic"
 
@@ -97,7 +97,7 @@ def test_refused_checkpoint_is_an_error_with_both_outcomes(sglang_cpu, copy_chec
     path = os.path.join(folder, "quant_model_description.json")
     with open(path) as handle:
         desc = json.load(handle)
-    desc["mtp.layers.0.mlp.up_proj.weight"] = "W8A8_MXFP8"
+    desc["mtp.layers.0.mlp.up_proj.weight"] = "W4A4_MXFP4_SVD"
     os.chmod(path, 0o644)
     with open(path, "w") as handle:
         json.dump(desc, handle)
@@ -150,18 +150,18 @@ def test_cli_verify_on_an_unhooked_architecture(capsys, tmp_path):
     log = str(tmp_path / "sglang.log")
     code = main(["verify", fixture_dir("qwen3_v0_w4a16_per_group"), "--log", log])
     out = capsys.readouterr().out
-    assert code == 1 and "a draft class whose load_weights this plugin does not hook" in out
-    assert out.rstrip().splitlines()[-1].startswith("verdict: error")
+    assert code == 4 and "a draft class this plugin does not hook (not supported yet)" in out
+    assert out.rstrip().splitlines()[-1].startswith("verdict: unsupported")
 
 
 def test_nothing_checked_is_never_ok():
     """Rows that could not be compared (no independent rule, nothing the reference wrote)
-    make no verdict: an error, never "ok"."""
+    make no clean verdict: "unchecked" with its reason, never "ok"."""
     report = VerifyReport(requested="/ckpt")
     report.rows = [ParamRow("model.layers.0.mlp.experts.w13_weight", [], why="no rule")]
     assert report.checked == 0 and not report.ok
     assert render_verify(report).splitlines()[-1] == (
-        "verdict: error - no draft parameter could be checked"
+        "verdict: unchecked - no draft parameter could be checked"
     )
 
 
@@ -170,7 +170,7 @@ def test_nextn_drafts_are_built_by_their_own_class_and_checked(draft_case, case_
     """A GLM-4.5 / DeepSeek-V3-shaped checkpoint (``model.layers.<n>.*``): verify builds the
     NextN class sglang's ModelConfig maps the architecture to, and every parameter fed by
     codes equals the reference load bit for bit (MLA's concatenated q_a/kv_a included)."""
-    from draft_cases import CASES
+    from support.draft_cases import CASES
 
     case = CASES[case_id]
     _, load = draft_case(case)

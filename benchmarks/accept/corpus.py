@@ -13,7 +13,7 @@ evaluation windows come only from held-out files.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import importlib.metadata
 import os
 from dataclasses import dataclass
 
@@ -34,11 +34,18 @@ class Corpus:
 
 
 def sglang_source_root() -> str:
-    """The folder of the installed sglang package (found without importing it)."""
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("sglang is not installed in this environment: run `make venv`")
-    return list(spec.submodule_search_locations)[0]
+    """The folder of the installed sglang wheel's package (found without importing it).
+
+    Asked of the installed distribution, not of the import path: a source tree put first on
+    ``PYTHONPATH`` (the feature branch's, ``make upstream-test``) must not change the corpus.
+    """
+    try:
+        root = str(importlib.metadata.distribution("sglang").locate_file("sglang"))
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise RuntimeError("sglang is not installed in this environment: run `make venv`") from exc
+    if not os.path.isdir(root):
+        raise RuntimeError(f"the installed sglang distribution has no package folder at {root}")
+    return root
 
 
 def load_corpus() -> Corpus:

@@ -14,6 +14,18 @@ layer's own dtype (bf16), which is why its rounding error reaches 0.75 of a step
 Files (V1 engine, one shard): ``quant_model_weights-00001-of-00001.safetensors``,
 ``quant_model_weights.safetensors.index.json``, ``quant_model_description.json``,
 ``config.json``.
+
+A MoE model (``TinySpec.num_experts``) is written the way Qwen3.5-MoE releases and
+msmodelslim lay it out: the float checkpoint keeps the backbone's routed experts fused
+(``model.layers.L.mlp.experts.gate_up_proj`` (E, 2I, H) / ``down_proj`` (E, H, I), as
+transformers holds them) and stores the MTP layer's one tensor per expert
+(``mtp.layers.0.mlp.experts.N.{gate,up,down}_proj.weight``); msmodelslim writes every expert
+per expert, so the ModelSlim export splits the backbone's too. The same ``*self_attn*`` /
+``*mlp*`` rule then quantizes every linear of the MoE layers (q/k/v/o, each routed expert,
+the shared expert and its gate) in the backbone and the MTP layer; the router ``mlp.gate``
+is not an nn.Linear in msmodelslim's model and stays FLOAT, as msmodelslim 26.1.0 left it with
+this rule (``test/fixtures/modelslim/_gen/cfg/q35moe_w8a8_dynamic_all.yaml``). msmodelslim's
+shipped Qwen3.5-MoE recipe would exclude ``mtp*`` altogether.
 """
 
 from __future__ import annotations
@@ -30,6 +42,9 @@ from .model import FULL, LINEAR, TinyQwen35
 
 INCLUDE = ("*self_attn*", "*mlp*")
 EXCLUDE = ("*visual*",)
+#: a MoE layer's router: a gate module of its own in msmodelslim's model, not an nn.Linear, so
+#: ``linear_quant`` leaves it FLOAT (dense layers have no module of this name)
+ROUTER = ".mlp.gate"
 SHARD = "quant_model_weights-00001-of-00001.safetensors"
 INDEX = "quant_model_weights.safetensors.index.json"
 DESCRIPTION = "quant_model_description.json"
@@ -38,7 +53,7 @@ DESCRIPTION = "quant_model_description.json"
 def config_json(model: TinyQwen35) -> dict:
     """config.json of the text-only checkpoint (sglang reads the same fields)."""
     raw = model.config.to_dict()
-    raw["architectures"] = ["Qwen3_5ForCausalLM"]
+    raw["architectures"] = ["Qwen3_5MoeForCausalLM" if model.spec.is_moe else "Qwen3_5ForCausalLM"]
     # sglang 0.5.23 reads the layer pattern from this key, not from ``layer_types``
     raw["full_attention_interval"] = full_attention_interval(model.spec.layer_types)
     raw["dtype"] = "bfloat16"
@@ -64,7 +79,38 @@ def float_state_dict(model: TinyQwen35, dtype: torch.dtype = torch.bfloat16) -> 
     tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.target.state_dict().items()}
     for name, value in model.mtp.state_dict().items():
         tensors[f"mtp.{name}"] = value.detach().to(dtype).contiguous()
+    if model.spec.is_moe:  # the MTP layer's experts one per tensor, as Qwen3.5-MoE ships them
+        tensors = per_expert_tensors(tensors, prefix="mtp.")
     return tensors
+
+
+FUSED_GATE_UP = "mlp.experts.gate_up_proj"
+FUSED_DOWN = "mlp.experts.down_proj"
+
+
+def per_expert_tensors(tensors: dict, prefix: str = "") -> dict:
+    """``tensors`` with each fused routed-expert tensor under ``prefix`` split per expert.
+
+    ``...mlp.experts.gate_up_proj`` (E, 2I, H) becomes ``...mlp.experts.N.gate_proj.weight``
+    (its first I rows: transformers' ``Qwen3_5MoeExperts`` chunks gate before up) and
+    ``...up_proj.weight``; ``...mlp.experts.down_proj`` (E, H, I) becomes
+    ``...mlp.experts.N.down_proj.weight``. Other tensors are kept as they are, in order.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, value in tensors.items():
+        fused = name.startswith(prefix) and name.endswith((FUSED_GATE_UP, FUSED_DOWN))
+        if not fused:
+            out[name] = value
+            continue
+        base = name[: -len("gate_up_proj" if name.endswith(FUSED_GATE_UP) else "down_proj")]
+        for expert in range(value.shape[0]):
+            if name.endswith(FUSED_GATE_UP):
+                gate, up = value[expert].chunk(2, dim=0)
+                out[f"{base}{expert}.gate_proj.weight"] = gate.contiguous()
+                out[f"{base}{expert}.up_proj.weight"] = up.contiguous()
+            else:
+                out[f"{base}{expert}.down_proj.weight"] = value[expert].contiguous()
+    return out
 
 
 def _write_config(folder: str, model: TinyQwen35) -> None:
@@ -83,10 +129,13 @@ def write_float_checkpoint(model: TinyQwen35, folder: str) -> dict:
 
 
 def is_quantized_linear(name: str, tensor: torch.Tensor) -> bool:
-    """The recipe's selection: a linear weight under ``*self_attn*`` / ``*mlp*``, not visual."""
+    """The recipe's selection: a linear weight under ``*self_attn*`` / ``*mlp*``, not visual,
+    not a MoE router."""
     if not name.endswith(".weight") or tensor.ndim != 2:
         return False
     module = name[: -len(".weight")]
+    if module.endswith(ROUTER):
+        return False
     included = any(fnmatch.fnmatchcase(module, p) for p in INCLUDE)
     return included and not any(fnmatch.fnmatchcase(module, p) for p in EXCLUDE)
 
@@ -136,7 +185,8 @@ def modelslim_tensors(float_tensors: dict) -> tuple[dict, dict]:
     """(tensors, description) of the W8A8_DYNAMIC export of a float checkpoint's tensors."""
     tensors: dict[str, torch.Tensor] = {}
     description: dict[str, object] = {}
-    for name, value in float_tensors.items():
+    # msmodelslim writes every routed expert per expert (a dense model has none to split)
+    for name, value in per_expert_tensors(float_tensors).items():
         if is_quantized_linear(name, value):
             add_w8a8_dynamic(
                 tensors, description, name[: -len(".weight")], *quantize_w8a8_dynamic(value)

@@ -17,6 +17,12 @@ where ``h_t`` is the target's last hidden state after its final norm, and ``embe
 ``lm_head`` are the target's (sglang shares them with the draft). Its parameter names, with
 ``mtp.`` in front, are exactly the checkpoint names Qwen3.5 releases use, so the same module
 is trained, exported, and (with the parameters sglang loaded) run in the simulation.
+
+MoE variant (``TinySpec(num_experts=N, ...)``, the end-to-end MoE fixture): the same model
+built from transformers' Qwen3.5-MoE modules (``Qwen3_5MoeForCausalLM``,
+``Qwen3_5MoeDecoderLayer``: a top-k softmax router over N routed experts, a shared expert and
+its sigmoid gate in every layer, the MTP layer included), as Qwen3.5-35B-A3B is built. A dense
+``TinySpec`` (``num_experts=0``) builds exactly what it built before, under the same cache key.
 """
 
 from __future__ import annotations
@@ -51,19 +57,51 @@ class TinySpec:
     # sums to head_dim * partial_rotary_factor / 2 rotary frequencies (transformers' default
     # [11, 11, 10] is Qwen3.5-27B's and has the wrong size here)
     mrope_section: tuple[int, int, int] = (4, 2, 2)
+    # Qwen3.5-MoE: routed experts per layer (0: the dense model), experts per token, each
+    # routed expert's and the shared expert's intermediate size
+    num_experts: int = 0
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 128
+    shared_expert_intermediate_size: int = 256
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The sizes (the cache key's part); a dense spec's without the MoE fields, so the
+        dense model keeps the key it had before they existed."""
+        sizes = asdict(self)
+        if not self.is_moe:
+            for name in MOE_FIELDS:
+                del sizes[name]
+        return sizes
+
+
+MOE_FIELDS = (
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+)
+#: a MoE layer's parameters that are not nn.Linear weights and need an initial value
+MOE_INIT_NORMAL = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj", "mlp.gate.weight")
 
 
 def text_config(spec: TinySpec):
-    """transformers' ``Qwen3_5TextConfig`` for ``spec`` (also what config.json holds)."""
-    from transformers import Qwen3_5TextConfig
+    """transformers' ``Qwen3_5TextConfig`` (``Qwen3_5MoeTextConfig`` for a MoE spec) for
+    ``spec`` (also what config.json holds)."""
+    from transformers import Qwen3_5MoeTextConfig, Qwen3_5TextConfig
 
-    config = Qwen3_5TextConfig(
+    # the dense model's MLP size, or the MoE model's sizes (its config has no dense MLP)
+    config_class, mlp = Qwen3_5TextConfig, {"intermediate_size": spec.intermediate_size}
+    if spec.is_moe:
+        config_class = Qwen3_5MoeTextConfig
+        mlp = {name: getattr(spec, name) for name in MOE_FIELDS}
+    config = config_class(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
+        **mlp,
         num_hidden_layers=len(spec.layer_types),
         layer_types=list(spec.layer_types),
         num_attention_heads=spec.num_attention_heads,
@@ -91,17 +129,27 @@ def text_config(spec: TinySpec):
     return config
 
 
+def is_moe_config(config) -> bool:
+    return config.model_type == "qwen3_5_moe_text"
+
+
+def _building_blocks(config):
+    """transformers' (decoder layer, RMSNorm, rotary embedding) classes of ``config``'s model."""
+    if is_moe_config(config):
+        from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as moe
+
+        return moe.Qwen3_5MoeDecoderLayer, moe.Qwen3_5MoeRMSNorm, moe.Qwen3_5MoeTextRotaryEmbedding
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as dense
+
+    return dense.Qwen3_5DecoderLayer, dense.Qwen3_5RMSNorm, dense.Qwen3_5TextRotaryEmbedding
+
+
 class MtpHead(nn.Module):
     """Qwen3.5's MTP module (one full-attention layer) from transformers' building blocks."""
 
     def __init__(self, config) -> None:
         super().__init__()
-        from transformers.models.qwen3_5.modeling_qwen3_5 import (
-            Qwen3_5DecoderLayer,
-            Qwen3_5RMSNorm,
-            Qwen3_5TextRotaryEmbedding,
-        )
-
+        Qwen3_5DecoderLayer, Qwen3_5RMSNorm, Qwen3_5TextRotaryEmbedding = _building_blocks(config)
         mtp_config = copy.deepcopy(config)
         mtp_config.num_hidden_layers = 1
         mtp_config.layer_types = [FULL]
@@ -146,17 +194,24 @@ class TinyQwen35(nn.Module):
 
     def __init__(self, spec: TinySpec) -> None:
         super().__init__()
-        from transformers import Qwen3_5ForCausalLM
+        from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM
 
         self.spec = spec
         self.config = text_config(spec)
-        self.target = Qwen3_5ForCausalLM(self.config)
+        target_class = Qwen3_5MoeForCausalLM if spec.is_moe else Qwen3_5ForCausalLM
+        self.target = target_class(self.config)
         self.mtp = MtpHead(self.config)
         # same initialisation scale for the head as transformers gives the target
         std = self.config.initializer_range
         for module in self.mtp.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=std)
+        if spec.is_moe:
+            # the routed experts (3-D parameters) and the router are not nn.Linear modules;
+            # transformers' own initialisation of the target draws them from the same normal
+            for name, parameter in self.mtp.named_parameters():
+                if name.endswith(MOE_INIT_NORMAL):
+                    nn.init.normal_(parameter, std=std)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.target.model.embed_tokens(tokens)

@@ -3,12 +3,17 @@
 Usage (from the repository root; what ``test/fixtures/e2e/*/RECIPE.md`` says)::
 
     .venv/bin/python benchmarks/e2e/build_fixture.py            # -> test/fixtures/e2e/{float,w8a8}
+    .venv/bin/python benchmarks/e2e/build_fixture.py --family moe   # -> .../{moe_float,moe_w8a8}
 
 The model is ``make accept``'s tiny Qwen3.5 (``benchmarks/accept``: same corpus, recipe and
 exporter) with every layer full attention: sglang's server on the CPU runs attention through
 its Triton kernels under Triton's interpreter, and the Gated DeltaNet layers' kernels do not
 run there (docs/results.md). The changed layer pattern gives the training its own cache key
 in ``.cache/accept/``, so the model is trained once per machine and reused.
+
+``--family moe``: the same model as a Qwen3.5-MoE (``Qwen3_5MoeForCausalLM``): every layer's
+MLP, the MTP layer's included, is a sparse MoE block of 8 routed experts (top-2, intermediate
+64) and a gated shared expert (intermediate 128), trained by the same recipe under its own key.
 """
 
 from __future__ import annotations
@@ -33,6 +38,16 @@ from accept.train import TrainRecipe, train  # noqa: E402
 
 #: the bundled model: make accept's sizes with every layer full attention
 E2E_SPEC = TinySpec(layer_types=(FULL,) * 4)
+#: the bundled MoE model: the same sizes with Qwen3.5-MoE blocks in place of the dense MLP
+E2E_MOE_SPEC = TinySpec(
+    layer_types=(FULL,) * 4,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=64,
+    shared_expert_intermediate_size=128,
+)
+#: family -> (spec, float folder, ModelSlim folder) under test/fixtures/e2e
+FAMILIES = {"dense": (E2E_SPEC, "float", "w8a8"), "moe": (E2E_MOE_SPEC, "moe_float", "moe_w8a8")}
 FIXTURES = os.path.join(REPO, "test", "fixtures", "e2e")
 
 
@@ -41,12 +56,14 @@ def main() -> int:
     parser.add_argument("--out", default=FIXTURES, help="folder to write float/ and w8a8/ into")
     parser.add_argument("--cache", default=os.path.join(REPO, ".cache", "accept"))
     parser.add_argument("--steps", type=int, default=TrainRecipe.steps)
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="dense")
     args = parser.parse_args()
+    spec, float_name, quant_name = FAMILIES[args.family]
     corpus = load_corpus()
-    trained = train(E2E_SPEC, TrainRecipe(steps=args.steps), corpus, args.cache)
+    trained = train(spec, TrainRecipe(steps=args.steps), corpus, args.cache)
     print(f"held-out after training: {trained.log['heldout']}", flush=True)
-    float_dir = os.path.join(args.out, "float")
-    quant_dir = os.path.join(args.out, "w8a8")
+    float_dir = os.path.join(args.out, float_name)
+    quant_dir = os.path.join(args.out, quant_name)
     float_tensors = write_float_checkpoint(trained.model, float_dir)
     write_modelslim_checkpoint(trained.model, float_tensors, quant_dir)
     print(f"training key {trained.log['key']}: wrote {float_dir} and {quant_dir}")

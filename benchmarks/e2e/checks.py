@@ -3,6 +3,7 @@
 Usage::
 
     failures = check_outputs(results, SPEC_KEYS) + check_logs(results, draft_folder)
+    failures += check_moe_logs(results)                  # the MoE family only
     bars = Bars.of(results); failures += bars.failures()
 
 ``results`` maps a run's label (reference, float, stock, plugin) to what its server returned
@@ -15,11 +16,31 @@ import os
 import re
 from dataclasses import asdict, dataclass
 
-SPECULATIVE = ("float", "stock", "plugin")
 #: the plugin's INFO line for one draft load (``serving/plugin.py``), up to the folder
 PLUGIN_LINE = re.compile(r"sglang-mtp-dequant: (\S+) draft from (\S+): dequantized (\d+) tensors")
+#: the feature branch's INFO line (upstream/series/, ``modelslim_draft.py``)
+BRANCH_LINE = re.compile(
+    r"Dequantized (\d+) ModelSlim draft weights \(.*\) to \S+ for a draft built unquantized, "
+    r"from (\S+)"
+)
+#: the run of the quantized draft with the fix: the plugin's, or the feature branch's
+FIXED = ("plugin", "branch")
+
 SHIM_MARK = "sglang-mtp-dequant e2e shim:"
 TREE_KERNELS = ("sgl_build_tree_kernel_triton ran", "verify_tree_greedy_triton ran")
+#: the site shim's line for sglang's MoE experts computing one layer (``site/sitecustomize.py``)
+MOE_LINE = re.compile(
+    re.escape(f"{SHIM_MARK} sglang.srt.layers.moe.fused_moe_native.moe_forward_native ran for ")
+    + r"(\S+)"
+)
+#: FusedMoE layer names: the target's layers, and the MTP draft's (built under ``mtp``)
+TARGET_MOE, DRAFT_MOE = "model.layers.", "mtp."
+
+
+def speculative(results: dict) -> tuple[str, str, str]:
+    """The labels of the float, stock and fixed runs present in ``results``."""
+    fixed = next(label for label in FIXED if label in results)
+    return "float", "stock", fixed
 
 
 def _log(result) -> str:
@@ -31,7 +52,7 @@ def check_outputs(results: dict, spec_keys: tuple[str, ...]) -> list[str]:
     """Every speculative run emits the reference run's tokens, and reports sglang's figures."""
     failures = []
     reference = results["reference"]
-    for label in SPECULATIVE:
+    for label in speculative(results):
         run = results[label]
         for i, (want, got) in enumerate(zip(reference.generations, run.generations, strict=True)):
             if got.output_ids != want.output_ids:
@@ -56,23 +77,30 @@ def first_difference(want: list[int], got: list[int]) -> int:
 
 
 def check_logs(results: dict, draft_folder: str) -> list[str]:
-    """The plugin acted exactly where it should, and the CPU tree shim took effect.
-
-    (sglang's own "Skipping plugin ..." line cannot be required of the stock run: sglang logs
-    it before its logging is configured, so it never reaches the server log.)
-    """
+    """The fix acted exactly where it should (the plugin's line, or the branch's), and the CPU
+    tree shim took effect in every speculative server."""
+    fixed = speculative(results)[2]
+    rule = PLUGIN_LINE if fixed == "plugin" else BRANCH_LINE
     failures = []
-    plugin_lines = {label: PLUGIN_LINE.findall(_log(r)) for label, r in results.items()}
-    named = [m for m in plugin_lines["plugin"] if os.path.abspath(m[1]) == draft_folder]
-    if not named:
+    lines = {label: rule.findall(_log(r)) for label, r in results.items()}
+    if not [m for m in lines[fixed] if os.path.abspath(m[1]) == draft_folder]:
         failures.append(
-            f"plugin: no 'sglang-mtp-dequant: ... draft from {draft_folder}: dequantized' "
-            f"line in {results['plugin'].log_path} (found {plugin_lines['plugin']})"
+            f"{fixed}: no {'plugin' if fixed == 'plugin' else 'feature-branch'} line naming "
+            f"{draft_folder} in {results[fixed].log_path} (found {lines[fixed]})"
         )
-    for label in ("reference", "float", "stock"):
-        if plugin_lines[label]:
-            failures.append(f"{label}: the plugin dequantized something: {plugin_lines[label]}")
-    for label in SPECULATIVE:
+    for label in results:
+        if label != fixed and lines[label]:
+            failures.append(f"{label}: the fix dequantized something: {lines[label]}")
+    if fixed == "branch":
+        for label, r in results.items():
+            if PLUGIN_LINE.findall(_log(r)):
+                failures.append(f"{label}: the plugin acted, but it was switched off")
+    return failures + _check_tree_shim(results)
+
+
+def _check_tree_shim(results: dict) -> list[str]:
+    failures = []
+    for label in speculative(results):
         text = _log(results[label])
         for kernel in TREE_KERNELS:
             if f"{SHIM_MARK} sglang.kernels.ops.speculative.spec_tree.{kernel}" not in text:
@@ -83,20 +111,40 @@ def check_logs(results: dict, draft_folder: str) -> list[str]:
     return failures
 
 
+def check_moe_logs(results: dict) -> list[str]:
+    """The MoE family's routed experts ran through sglang's FusedMoE layers: the target's in
+    every server, the MTP draft's in every speculative one (the site shim logs each layer's
+    first call of sglang's expert computation)."""
+    failures = []
+    for label, result in results.items():
+        layers = set(MOE_LINE.findall(_log(result)))
+        wanted = [TARGET_MOE] + ([DRAFT_MOE] if label in speculative(results) else [])
+        for prefix in wanted:
+            if not any(layer.startswith(prefix) for layer in layers):
+                failures.append(
+                    f"{label}: no MoE layer named {prefix}* computed its experts in "
+                    f"{result.log_path} (layers seen: {sorted(layers)})"
+                )
+    return failures
+
+
 @dataclass
 class Bars:
     """sglang's accept lengths of the three speculative runs against the issue's bounds."""
 
     float: float
     stock: float
-    plugin: float
+    fixed: float  # the plugin's run, or the feature branch's
+    fixed_label: str = "plugin"
     float_min: float = 2.0
     stock_max: float = 1.3
     plugin_share_min: float = 0.97
 
     @classmethod
     def of(cls, results: dict) -> Bars:
-        return cls(*(results[label].accept_length or 0.0 for label in SPECULATIVE))
+        labels = speculative(results)
+        values = [results[label].accept_length or 0.0 for label in labels]
+        return cls(*values, fixed_label=labels[2])
 
     def failures(self) -> list[str]:
         out = []
@@ -104,10 +152,10 @@ class Bars:
             out.append(f"float accept length {self.float:.3f} < {self.float_min}")
         if self.stock > self.stock_max:
             out.append(f"stock accept length {self.stock:.3f} > {self.stock_max}")
-        if self.plugin < self.plugin_share_min * self.float:
+        if self.fixed < self.plugin_share_min * self.float:
             out.append(
-                f"plugin accept length {self.plugin:.3f} < {self.plugin_share_min} x float "
-                f"({self.plugin_share_min * self.float:.3f})"
+                f"{self.fixed_label} accept length {self.fixed:.3f} < {self.plugin_share_min} "
+                f"x float ({self.plugin_share_min * self.float:.3f})"
             )
         return out
 

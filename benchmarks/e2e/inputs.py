@@ -67,6 +67,15 @@ def check_draft(folder: str) -> None:
         )
 
 
+def check_tree(folder: str) -> None:
+    """A materialized sglang tree (``make upstream-tree``): its ``python/sglang`` package."""
+    if not os.path.isfile(os.path.join(folder, "python", "sglang", "__init__.py")):
+        raise InputError(
+            f"--upstream-tree {folder} holds no python/sglang package: run `make upstream-tree` "
+            "and pass .cache/upstream/sglang"
+        )
+
+
 def _mtp_dtypes(files: list[str]) -> dict[str, str]:
     found = {}
     for path in files:

@@ -15,7 +15,8 @@ package's ``site/`` folder first on ``PYTHONPATH`` (the CPU shims, ``site/sitecu
 ``SGLANG_PLUGINS=none`` switches the plugin off the way sglang documents.
 
 The server runs in its own session (process group): stopping it signals the whole group,
-then waits until no process of the group is left, escalating from SIGTERM to SIGKILL.
+then waits until no process of the group is left, escalating from SIGTERM to SIGKILL. Should
+the harness itself be killed, the launcher gets SIGTERM from the kernel (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ CPU_FLAGS = (
 )  # fmt: skip
 
 
+#: set in every server process's environment to its log's path: children inherit it, so any
+#: process of a server can be found (tests check that none outlives its run)
+RUN_MARK = "SGLANG_MTP_DEQUANT_E2E_SERVER_LOG"
+
+
 class ServerError(RuntimeError):
     """A server that did not start or answer; the message ends with its log's tail."""
 
@@ -74,6 +80,9 @@ class ServerRun:
     target: str
     draft: str | None  # None: no speculative decoding (the reference run)
     plugin: bool
+    #: an sglang source tree's ``python/`` put before the installed sglang (the feature
+    #: branch, ``make upstream-tree``); None: the installed sglang
+    sglang_path: str | None = None
 
     def command(self, port: int) -> list[str]:
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.target]
@@ -85,7 +94,9 @@ class ServerRun:
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env["TRITON_INTERPRET"] = "1"
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE, env.get("PYTHONPATH")) if p)
+        # exactly the shims (and the tree, if any): an inherited PYTHONPATH (make upstream-test
+        # runs this harness with the branch's tree on it) must not reach the stock server
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE, self.sglang_path) if p)
         env.pop("SGLANG_USE_CPU_ENGINE", None)  # needs sgl-kernel's CPU build (docs)
         if self.plugin:
             env.pop("SGLANG_PLUGINS", None)
@@ -143,11 +154,12 @@ class Server:
         with open(self.log_path, "w", encoding="utf-8") as log:
             self.process = subprocess.Popen(
                 self.run.command(self.port),
-                env=self.run.environment(),
+                env={**self.run.environment(), RUN_MARK: self.log_path},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=_terminate_with_parent,
             )
         try:
             self._wait_healthy()
@@ -207,6 +219,15 @@ class Server:
         process.poll()
         if group_alive(group):
             raise ServerError(f"processes of the {self.run.label} server (group {group}) survive")
+
+
+def _terminate_with_parent() -> None:
+    """In the server's launcher, before exec: SIGTERM it if the harness dies without
+    stopping it (a SIGKILL cannot be handled); sglang's launcher then stops its children."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def group_alive(group: int) -> bool:

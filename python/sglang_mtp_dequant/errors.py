@@ -1,43 +1,104 @@
-"""The one exception type the plugin raises for bad draft weights.
+"""The package's errors: one hierarchy, one way to say what is wrong and what to do.
 
-Why a dedicated type: sglang's start-up catches nothing around ``load_weights``, so an
-exception raised there stops the server with its message in the log. That message is all an
-operator gets, so it must name the tensor, the file, what was found and what to do; the
-fields here force every raise site to supply them.
+Usage::
+
+    raise DraftWeightError(
+        tensor="mtp.layers.0.mlp.up_proj.weight",
+        file="/ckpt/quant_model_weights-00001-of-00002.safetensors",
+        problem="int8 weight has no weight_scale",
+        hint="re-export the checkpoint with msmodelslim, or serve the draft quantized",
+    )
+    # sglang-mtp-dequant: draft tensor 'mtp.layers.0.mlp.up_proj.weight' in /ckpt/...:
+    #   int8 weight has no weight_scale. What to do: re-export the checkpoint ...
+
+Why fields and not free text: sglang's start-up catches nothing around ``load_weights``, so an
+exception raised there stops the server with its message in the log, and that message is all
+an operator gets. Every error here is built from a subject (the tensor and file, the file, the
+process), the problem, optional detail lines and what to do, and ``explain`` renders them in
+one place, so no raise site can leave the "What to do" out or spell it its own way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 
-class DraftWeightError(ValueError):
-    """A quantized draft weight that cannot be turned into correct float weights.
+PREFIX = "sglang-mtp-dequant"
 
-    Example::
 
-        raise DraftWeightError(
-            tensor="mtp.layers.0.mlp.up_proj.weight",
-            file="/ckpt/quant_model_weights-00001-of-00002.safetensors",
-            problem="int8 weight has no weight_scale",
-            hint="re-export the checkpoint with msmodelslim, or serve the draft quantized",
-        )
-    """
+def what_to_do(subject: str | None, problem: str, hint: str, details: Sequence[str] = ()) -> str:
+    """``<subject>: <problem>. What to do: <hint>``; with detail lines, each on its own line
+    between the problem and what to do."""
+    head = f"{subject}: {problem}" if subject else problem
+    if details:
+        return f"{head}:\n" + "\n".join(details) + f"\nWhat to do: {hint}"
+    return f"{head}. What to do: {hint}"
 
-    def __init__(self, *, tensor: str, file: str | None, problem: str, hint: str) -> None:
-        self.tensor = tensor
-        self.file = file
+
+def explain(subject: str | None, problem: str, hint: str, details: Sequence[str] = ()) -> str:
+    """``what_to_do`` under the package's name: how every error of the package reads."""
+    return f"{PREFIX}: {what_to_do(subject, problem, hint, details)}"
+
+
+class MtpDequantError(Exception):
+    """Base of every error the package raises (see the module docstring)."""
+
+    def __init__(
+        self, *, subject: str | None, problem: str, hint: str, details: Sequence[str] = ()
+    ) -> None:
+        self.subject = subject
         self.problem = problem
         self.hint = hint
+        self.details = tuple(details)
+        super().__init__(explain(subject, problem, hint, self.details))
+
+
+class DraftWeightError(MtpDequantError, ValueError):
+    """A quantized draft weight that cannot be turned into correct float weights."""
+
+    def __init__(
+        self,
+        *,
+        tensor: str,
+        file: str | None,
+        problem: str,
+        hint: str,
+        details: Sequence[str] = (),
+        subject: str | None = None,
+    ) -> None:
+        self.tensor = tensor
+        self.file = file
         where = f" in {file}" if file else ""
-        super().__init__(
-            f"sglang-mtp-dequant: draft tensor {tensor!r}{where}: {problem}. What to do: {hint}"
+        if subject is None:
+            subject = f"draft tensor {tensor!r}{where}"
+        super().__init__(subject=subject, problem=problem, hint=hint, details=details)
+
+    def also_refused(self, others: Sequence[str]) -> DraftWeightError:
+        """The same error, saying which other tensors the same load refuses (first 3 named)."""
+        if not others:
+            return self
+        shown = ", ".join(others[:3])
+        more = "" if len(others) <= 3 else f" and {len(others) - 3} more"
+        return DraftWeightError(
+            tensor=self.tensor,
+            file=self.file,
+            problem=f"{self.problem} (also refused: {shown}{more})",
+            hint=self.hint,
+            details=self.details,
+            subject=self.subject,
         )
 
 
-class CheckpointFormatError(ValueError):
+class CheckpointFormatError(MtpDequantError, ValueError):
     """A checkpoint file (index, description, safetensors header) that cannot be read as claimed."""
 
     def __init__(self, *, file: str, problem: str, hint: str) -> None:
         self.file = file
-        self.problem = problem
-        self.hint = hint
-        super().__init__(f"sglang-mtp-dequant: {file}: {problem}. What to do: {hint}")
+        super().__init__(subject=file, problem=problem, hint=hint)
+
+
+class SettingError(MtpDequantError, ValueError):
+    """An environment setting of the plugin's with a value it does not know."""
+
+    def __init__(self, *, setting: str, problem: str, hint: str) -> None:
+        self.setting = setting  # the problem names it with its value
+        super().__init__(subject=None, problem=problem, hint=hint)

@@ -17,6 +17,13 @@ lacks; none replaces attention, matmul, sampling or acceptance code:
    XPU branch), which Triton's interpreter runs on the CPU. The first call of each Triton
    implementation prints a line the harness requires in every speculative server's log, so
    a shim that did not take effect fails the run instead of passing silently.
+4. MoE observation (no routing, no compute): on this platform sglang's FusedMoE layer runs
+   its unquantized experts through ``sglang.srt.layers.moe.fused_moe_native.
+   moe_forward_native`` (its own choice: ``UnquantizedFusedMoEMethod.forward_native``, the
+   Triton runner being CUDA-only). Its first call for each MoE layer prints a line naming the
+   layer (``model.layers.N.mlp.experts`` of the target, ``mtp.layers.0.mlp.experts`` of the
+   MTP draft), which the harness requires of the MoE family, so a MoE run shows that the
+   draft's routed experts ran. The call itself is passed through unchanged.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ MARK = "sglang-mtp-dequant e2e shim:"
 SPEC_TREE = "sglang.kernels.ops.speculative.spec_tree"
 #: the Triton implementations the XPU branch calls, each announced on its first call
 TRITON_TREE_FUNCTIONS = ("sgl_build_tree_kernel_triton", "verify_tree_greedy_triton")
+MOE_NATIVE = "sglang.srt.layers.moe.fused_moe_native"
+MOE_FUNCTION = "moe_forward_native"
 
 
 def _say(message: str) -> None:
@@ -51,25 +60,53 @@ def _announce_first_call(module, name: str) -> None:
     setattr(module, name, announced)
 
 
-class _SpecTreeRouting(importlib.abc.MetaPathFinder):
-    """After ``spec_tree`` executes: take its XPU branch (sglang's Triton kernels)."""
+def _announce_first_call_per_layer(module, name: str) -> None:
+    """``module.name(layer, ...)`` announced on its first call for each ``layer.layer_name``."""
+    original = getattr(module, name)
+    seen = set()
+
+    @functools.wraps(original)
+    def announced(layer, *args, **kwargs):
+        layer_name = getattr(layer, "layer_name", "?")
+        if layer_name not in seen:
+            seen.add(layer_name)
+            _say(f"{module.__name__}.{name} ran for {layer_name}")
+        return original(layer, *args, **kwargs)
+
+    setattr(module, name, announced)
+
+
+def _route_spec_tree(module) -> None:
+    module._is_xpu = True
+    for name in TRITON_TREE_FUNCTIONS:
+        _announce_first_call(module, name)
+    _say(f"{SPEC_TREE} routed to sglang's Triton tree kernels (_is_xpu = True)")
+
+
+def _observe_moe(module) -> None:
+    _announce_first_call_per_layer(module, MOE_FUNCTION)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """After one of ``actions``' modules executes, apply its action to it."""
+
+    def __init__(self, actions) -> None:
+        self.actions = actions
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != SPEC_TREE:
+        action = self.actions.get(fullname)
+        if action is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
 
-        def exec_and_route(module):
+        def exec_and_act(module):
             exec_module(module)
-            module._is_xpu = True
-            for name in TRITON_TREE_FUNCTIONS:
-                _announce_first_call(module, name)
-            _say(f"{SPEC_TREE} routed to sglang's Triton tree kernels (_is_xpu = True)")
+            action(module)
 
-        spec.loader.exec_module = exec_and_route
+        spec.loader.exec_module = exec_and_act
         return spec
 
 
@@ -78,7 +115,7 @@ def _install() -> None:
 
     ensure_torchvision_importable()
     sys.modules.update(vllm_placeholder())
-    sys.meta_path.insert(0, _SpecTreeRouting())
+    sys.meta_path.insert(0, _AfterImport({SPEC_TREE: _route_spec_tree, MOE_NATIVE: _observe_moe}))
 
 
 _install()

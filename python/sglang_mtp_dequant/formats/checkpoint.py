@@ -34,7 +34,8 @@ import torch
 from safetensors import safe_open
 
 from ..errors import CheckpointFormatError
-from .config import load_json
+from .config import CheckpointConfig, load_json
+from .foreign import DeclaredFormat, declared_format
 
 DESCRIPTION_NAME = "quant_model_description.json"
 
@@ -81,6 +82,11 @@ _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
 FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (a header's tag torch has no dtype for: as is)."""
+    return str(dtype).removeprefix("torch.")
+
+
 def is_code_dtype(dtype: torch.dtype | str) -> bool:
     """Integer or float8 storage: values that mean nothing without their scales (the one rule
     the plan, the stream, the guard and verify judge tensors by)."""
@@ -111,7 +117,7 @@ class TensorInfo:
 
     @property
     def dtype_name(self) -> str:
-        return str(self.dtype).replace("torch.", "")
+        return dtype_name(self.dtype)
 
 
 @dataclass
@@ -126,6 +132,10 @@ class Checkpoint:
     group_size: int = 0
     #: the description's ``version`` ("1.0.0" from the V1 saver); int4 packing depends on it
     format_version: str | None = None
+    #: the description's entries that are no tensor type (``is_rot_used``, ``metadata``, ...)
+    description_flags: dict[str, object] = field(default_factory=dict)
+    #: config.json's ``quantization_config`` (a compressed-tensors or ModelOpt export), if any
+    declared: DeclaredFormat | None = None
 
     @classmethod
     def open(
@@ -144,6 +154,7 @@ class Checkpoint:
             )
         ckpt = cls(folder=folder, files=list(source.files))
         ckpt._read_description()
+        ckpt.declared = _declared_format(folder)
         ckpt._check_index_files(wanted)
         for path in ckpt.files:
             ckpt._read_header(path, wanted)
@@ -191,6 +202,7 @@ class Checkpoint:
             )
         self.description_file = path
         self.description = {k: v for k, v in raw.items() if isinstance(v, str)}
+        self.description_flags = {k: v for k, v in raw.items() if not isinstance(v, str)}
         self.format_version = self.description.get("version")
         group_size = raw.get("group_size", 0)
         if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 0:
@@ -267,6 +279,15 @@ class Checkpoint:
                 hint="sglang streams every *.safetensors in the folder: remove the stray file",
             )
         self.tensors.setdefault(info.name, info)
+
+
+def _declared_format(folder: str) -> DeclaredFormat | None:
+    """config.json's quantization_config; a folder without a readable config declares none
+    (the config's own problems are reported by whoever needs the config)."""
+    try:
+        return declared_format(CheckpointConfig.read(folder))
+    except CheckpointFormatError:
+        return None
 
 
 def _inside_folder(entry: str) -> bool:

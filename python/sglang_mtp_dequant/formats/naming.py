@@ -33,7 +33,21 @@ COMPANION_SUFFIXES = (
     "weight_scale_second",
     "weight_offset_second",
     "weight_scale_inv",
+    "weight_dual_scale",
 )
+
+#: tensors a ModelSlim export keeps beside an attention block for Ascend's quantized attention
+#: and KV-cache kernels, not weights: FA3 per-head activation scales (``self_attn.fa_q.scale``,
+#: ``fa_k.offset``, ...: described ``FAQuant``, the offsets int8) and C8 KV-cache scales
+#: (``self_attn.k_proj.kv_cache_scale``, ``v_proj.kv_cache_offset``: described ``C8``)
+ATTENTION_QUANT = {
+    "FA3": tuple(f"fa_{x}.{part}" for x in "qkv" for part in ("scale", "offset")),
+    "C8": tuple(f"{p}_proj.kv_cache_{part}" for p in "kv" for part in ("scale", "offset")),
+}
+#: QuaRot: the description flag and the file and tensor of the rotation msmodelslim writes
+QUAROT_FLAG = "is_rot_used"
+QUAROT_FILE = "rot.safetensors"
+QUAROT_TENSOR = "rot.weight"
 
 #: name tokens sglang's draft loaders add or drop between checkpoint and parameter names
 NEUTRAL_TOKENS = frozenset({"model", "mtp", "language_model", "self_attn"})
@@ -121,6 +135,17 @@ def config_value(config: object, key: str) -> Any:
 
 
 # -- what travels beside a weight ----------------------------------------------------------------
+
+
+def attention_quant_kind(name: str) -> str | None:
+    """``"FA3"`` or ``"C8"`` for a quantized-attention / KV-cache tensor (``ATTENTION_QUANT``),
+    else None; only under a ``self_attn`` block."""
+    if ".self_attn." not in name:
+        return None
+    for kind, tails in ATTENTION_QUANT.items():
+        if name.endswith(tuple(f".{tail}" for tail in tails)):
+            return kind
+    return None
 
 
 def split_companion(name: str) -> tuple[str, str] | None:

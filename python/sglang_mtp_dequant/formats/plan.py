@@ -16,16 +16,20 @@ companions of every weight are read in one pass per file, so building a plan cos
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
+import torch
+
 from ..errors import CheckpointFormatError, DraftWeightError
-from . import naming
+from . import foreign, naming
 from .checkpoint import Checkpoint, TensorInfo
 from .schemes import AffineDecoder, Scheme, infer_type, known_types, scheme_for
 
-Action = Literal["dequantize", "keep", "error"]
+#: dequantize: codes the plugin decodes; keep: a float tensor; pass: no weight, handed to
+#: sglang as it is (FA3 / C8 attention-quantization tensors, ``naming.ATTENTION_QUANT``);
+#: error: codes the plugin cannot decode (the load is refused)
+Action = Literal["dequantize", "keep", "pass", "error"]
 
 
 @dataclass
@@ -40,6 +44,8 @@ class PlannedTensor:
     companions: dict[str, TensorInfo] = field(default_factory=dict)
     decoder: AffineDecoder | None = None
     error: DraftWeightError | None = None
+    #: the foreign format the weight is stored in (``foreign.py``), if not ModelSlim's
+    format: str | None = None
 
 
 @dataclass
@@ -57,7 +63,7 @@ class DequantPlan:
         names = checkpoint.tensors
         pending: list[tuple[PlannedTensor, Scheme]] = []
         for name, info in sorted(names.items()):
-            if naming.is_companion(name, names):
+            if naming.is_companion(name, names) or _is_foreign_companion(name, names):
                 continue
             entry, scheme = plan._classify(info)
             plan.entries[name] = entry
@@ -77,9 +83,6 @@ class DequantPlan:
     def errors(self) -> list[PlannedTensor]:
         return [e for e in self.entries.values() if e.action == "error"]
 
-    def scheme_counts(self) -> Counter[str]:
-        return Counter(e.scheme for e in self.to_dequantize.values() if e.scheme)
-
     def raise_first_error(self) -> None:
         """Stop the load on the first refused tensor, saying how many more there are."""
         errors = self.errors
@@ -87,11 +90,7 @@ class DequantPlan:
             return
         first = errors[0].error
         assert first is not None
-        if len(errors) > 1:
-            others = ", ".join(e.info.name for e in errors[1:4])
-            more = "" if len(errors) <= 4 else f" and {len(errors) - 4} more"
-            first.args = (f"{first.args[0]} (also refused: {others}{more})",)
-        raise first
+        raise first.also_refused([e.info.name for e in errors[1:]])
 
     # -- the decisions ----------------------------------------------------------------------
 
@@ -99,7 +98,20 @@ class DequantPlan:
         """keep (float), error (codes nothing here decodes), or a scheme whose companions are
         stored as it defines (to be prepared)."""
         described = self.checkpoint.type_of(info.name)
+        kind = naming.attention_quant_kind(info.name)
+        if kind is not None:
+            return PlannedTensor(info, described, "pass", _ATTENTION_QUANT_WHY[kind]), None
         companions = self._companions_of(info.name)
+        fmt = None
+        if info.holds_codes and described in (None, "FLOAT"):
+            dtypes = {n: t.dtype for n, t in self.checkpoint.tensors.items()}
+            fmt = foreign.tensor_format(info.name, dtypes, self.checkpoint.declared)
+            if (
+                fmt is not None
+                and foreign.has_foreign_parts(fmt, info.name)
+                or (fmt is not None and info.dtype == torch.uint8)
+            ):
+                return self._foreign(info, described, fmt), None
         if not info.holds_codes:
             why = (
                 "float tensor"
@@ -108,10 +120,11 @@ class DequantPlan:
             )
             return PlannedTensor(info, described, "keep", why, companions=companions), None
         if described in (None, "FLOAT"):
-            type_name = infer_type(info, set(companions))
+            type_name = infer_type(info, companions)
         else:
             type_name = described
         entry = PlannedTensor(info, described, "error", "", scheme=type_name, companions=companions)
+        entry.format = fmt.name if fmt is not None else None
         scheme = scheme_for(type_name) if type_name else None
         try:
             if type_name is None:
@@ -179,6 +192,29 @@ class DequantPlan:
                 f"{scheme.name} {entry.info.dtype_name} codes with "
                 f"{', '.join(sorted(entry.companions))}"
             )
+            if entry.format is not None:
+                entry.reason = f"{entry.format}, decoded by the {entry.reason}"
+
+    def _foreign(self, info: TensorInfo, described: str | None, fmt) -> PlannedTensor:
+        """A weight stored in another quantizer's format that no ModelSlim rule reads."""
+        companions = {p.rpartition(".")[2]: self.checkpoint.tensors[p] for p in fmt.parts}
+        method = self.checkpoint.declared.method if self.checkpoint.declared else None
+        served = f" ({'--speculative-draft-model-quantization ' + method})" if method else ""
+        entry = PlannedTensor(info, described, "error", "", companions=companions, format=fmt.name)
+        error = DraftWeightError(
+            tensor=info.name,
+            file=info.file,
+            problem=(
+                f"is stored as {fmt.name} ({info.dtype_name}, with "
+                f"{', '.join(sorted(companions)) or 'no companion'}), not a ModelSlim export: "
+                "this plugin decodes ModelSlim schemes only"
+            ),
+            hint=(
+                f"serve the draft quantized with sglang's own support for it{served}, or export "
+                "the MTP layers unquantized"
+            ),
+        )
+        return self._refused(entry, error)
 
     @staticmethod
     def _refused(entry: PlannedTensor, exc: DraftWeightError) -> PlannedTensor:
@@ -195,6 +231,28 @@ class DequantPlan:
                 if info is not None:
                     found[suffix] = info
         return found
+
+
+_ATTENTION_QUANT_WHY = {
+    "FA3": (
+        "FA3 attention-quantization scale (FAQuant): an input of Ascend's quantized attention "
+        "kernel, not a weight; an unquantized draft's attention runs in float and has no "
+        "parameter for it. Left to sglang (its loader drops the name)"
+    ),
+    "C8": (
+        "C8 KV-cache quantization scale: for an int8 KV cache, not a weight; left to sglang "
+        "(sglang 0.5.23 reads no ModelSlim C8 tensor, its loader drops the name)"
+    ),
+}
+
+
+def _is_foreign_companion(name: str, names) -> bool:
+    """``X.weight_shape``, ``X.weight_zero_point``, ... beside ``X.weight_packed`` or
+    ``X.weight``: listed with that weight, not as tensors of their own."""
+    base = foreign.foreign_base(name)
+    if base is None or name.endswith(".weight_packed"):
+        return False
+    return f"{base}.weight_packed" in names or f"{base}.weight" in names
 
 
 def _as_draft_error(info: TensorInfo, exc: CheckpointFormatError) -> DraftWeightError:

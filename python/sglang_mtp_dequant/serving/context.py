@@ -17,14 +17,19 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..formats.checkpoint import WeightSource
+
+if TYPE_CHECKING:  # the record imports the stream and the guard; this module stays a leaf
+    from .load_record import DraftLoad
 
 #: hook targets registered in this process (``plugin.register()`` may run more than once)
 _registered: set[str] = set()
 #: weight resolutions sglang's loader made in this process, oldest first
 _weight_sources: list[WeightSource] = []
 _lock = threading.Lock()
+_last_draft_load: DraftLoad | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,18 @@ def record_weight_source(source: WeightSource) -> None:
 def weight_sources() -> tuple[WeightSource, ...]:
     with _lock:
         return tuple(_weight_sources)
+
+
+def record_draft_load(load: DraftLoad) -> None:
+    """Keep ``load`` as this process's newest draft load (only the newest: a record holds
+    the model's parameters, and a process that builds many drafts must not keep them all)."""
+    global _last_draft_load
+    _last_draft_load = load
+
+
+def last_draft_load() -> DraftLoad | None:
+    """The newest draft load of this process, or None."""
+    return _last_draft_load
 
 
 def draft_launch() -> DraftLaunch | None:

@@ -117,6 +117,17 @@ def spec_for_architecture(architecture: str | None) -> DraftSpec | None:
     return None
 
 
+def spec_for_class(cls: type) -> DraftSpec | None:
+    """The hooked spec whose ``load_weights`` runs for draft class ``cls`` (itself or a base:
+    GLM-5's ``GlmMoeDsaForCausalLMNextN`` reaches DeepSeek's through ``super()``)."""
+    names = {f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__}
+    for spec in DRAFT_SPECS:
+        owner = spec.target.rsplit(".", 1)[0]
+        if owner in names or names & set(spec.inherited_by):
+            return spec
+    return None
+
+
 def draft_dtype(model: torch.nn.Module) -> torch.dtype:
     """The dtype the draft's float parameters were built in (what its loaders expect).
 

@@ -49,7 +49,9 @@ class ExpertOwnership:
     def keeps(self, name: str) -> bool:
         """Whether this rank's loaders keep the per-expert checkpoint tensor ``name``."""
         expert = naming.expert_id(name)
-        module = self._layer_for(name) if expert is not None else None
+        if expert is None:
+            return True
+        module = self._layer_for(name)
         return module is None or self._kept_by(module, expert)
 
     def kept_experts(self, name: str, count: int) -> list[int] | None:

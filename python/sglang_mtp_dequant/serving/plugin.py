@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib
+import importlib.util
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +40,7 @@ from ..formats.plan import DequantPlan
 from . import context, sources
 from .drafts import DRAFT_SPECS, DraftSpec, draft_dtype
 from .guard import WriteRecorder, check_loaded_draft
+from .load_record import DraftLoad
 from .ownership import ExpertOwnership
 from .ray_setup import register_launch_guard
 from .stream import DequantizingStream
@@ -50,7 +52,9 @@ def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
     """Entry point for sglang's general-plugin group: hook every draft class we know."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    hooks = [(spec.target, make_load_weights_hook(spec), spec.class_name) for spec in specs]
+    hooks: list[tuple[str, Callable[..., Any], str | None]] = [
+        (spec.target, make_load_weights_hook(spec), spec.class_name) for spec in specs
+    ]
     hooks += [(target, hook, None) for target, hook in sources.LOADER_HOOKS]
     for target, hook, class_name in hooks:
         if target in context.registered_targets():
@@ -123,10 +127,31 @@ def bypassed() -> Iterator[None]:
         _BYPASS.reset(token)
 
 
+#: the module sglang's own fix adds (upstream/series/): where it exists, sglang dequantizes
+#: ModelSlim draft weights itself and the plugin steps aside
+UPSTREAM_FIX = "sglang.srt.layers.quantization.modelslim.modelslim_draft"
+
+
+def sglang_dequantizes_drafts() -> bool:
+    """Whether this sglang has the fix itself (feature-detected, not by version)."""
+    try:
+        return importlib.util.find_spec(UPSTREAM_FIX) is not None
+    except ImportError:
+        return False
+
+
 def make_load_weights_hook(spec: DraftSpec) -> Callable[..., Any]:
     def load_weights_with_dequant(original, model, weights, *args, **kwargs):
         if _BYPASS.get() or getattr(model, "quant_config", None) is not None:
             # the user asked for a quantized draft: its quantized layers consume the codes
+            return original(model, weights, *args, **kwargs)
+        if sglang_dequantizes_drafts():
+            logger.info(
+                "sglang-mtp-dequant: this sglang dequantizes ModelSlim draft weights itself "
+                "(%s); the plugin leaves the %s draft load to it",
+                UPSTREAM_FIX,
+                spec.class_name,
+            )
             return original(model, weights, *args, **kwargs)
         is_draft = spec.draft_names(model)
         planner = DraftPlanner(is_draft)
@@ -141,8 +166,13 @@ def make_load_weights_hook(spec: DraftSpec) -> Callable[..., Any]:
             )
             started = time.perf_counter()
             result = original(model, stream.apply(weights), *args, **kwargs)
-        check_loaded_draft(model, stream, writes, spec.class_name, planner.folder)
-        log_load(spec, stream, planner.folder, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+        load = DraftLoad.of(spec.class_name, planner.folder, stream, writes, seconds)
+        context.record_draft_load(load)
+        check_loaded_draft(model, load)
+        for line in (load.summary(), load.already_float_summary()):
+            if line is not None:
+                logger.info("%s", line)
         return result
 
     load_weights_with_dequant.__qualname__ = f"sglang_mtp_dequant[{spec.class_name}]"
@@ -159,12 +189,11 @@ class DraftPlanner:
         self.folder: str | None = None
 
     def plan(self) -> DequantPlan | None:
-        source = sources.streamed_source(self.mark, self.launch)
-        fallback = source is None
-        if fallback:
-            source = self._fallback_source()
-            if source is None:
-                return None
+        streamed = sources.streamed_source(self.mark, self.launch)
+        fallback = streamed is None
+        source = self._fallback_source() if streamed is None else streamed
+        if source is None:
+            return None
         self.folder = source.folder
         plan = DequantPlan.build(Checkpoint.open(source, wanted=self.is_draft))
         if fallback and (plan.to_dequantize or plan.errors):
@@ -196,31 +225,4 @@ class DraftPlanner:
         return (
             f"sglang-mtp-dequant could not find the files sglang streams (draft checkpoint "
             f"{path}); load it with the default loader from a local folder or a cached hub id"
-        )
-
-
-def log_load(spec: DraftSpec, stream: DequantizingStream, folder: str | None, seconds: float):
-    stats = stream.stats
-    if stats.dequantized or stats.left_to_other_ranks:
-        schemes = ", ".join(f"{k} x{v}" for k, v in sorted(stats.schemes.items()))
-        logger.info(
-            "sglang-mtp-dequant: %s draft from %s: dequantized %d tensors (%s) to %s, "
-            "%d quantized bytes, %d companion tensors consumed, %d expert tensors left to "
-            "other ranks, %.3f s decoding (%.3f s whole load)",
-            spec.class_name,
-            folder,
-            stats.dequantized,
-            schemes,
-            str(stream.dtype).replace("torch.", ""),
-            stats.quantized_bytes,
-            stats.companions_consumed,
-            stats.left_to_other_ranks,
-            stats.seconds,
-            seconds,
-        )
-    if stats.already_float:
-        logger.info(
-            "sglang-mtp-dequant: %d quantized draft tensors arrived already float "
-            "(dequantized upstream); left as they were",
-            stats.already_float,
         )

@@ -46,6 +46,7 @@ import os
 import pkgutil
 from typing import Any
 
+from ..errors import MtpDequantError
 from ..formats.checkpoint import Checkpoint, WeightSource
 from ..formats.config import CheckpointConfig
 from . import context, sglang_private
@@ -65,7 +66,7 @@ _RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 _guard_registered = False
 
 
-class PluginNotInRayWorkersError(RuntimeError):
+class PluginNotInRayWorkersError(MtpDequantError, RuntimeError):
     """A Ray launch whose scheduler actors would build the draft without this plugin."""
 
 
@@ -85,11 +86,16 @@ def setup() -> None:
     missing = inactive_targets()
     if missing:
         raise PluginNotInRayWorkersError(
-            f"sglang-mtp-dequant: Ray worker pid {os.getpid()}: sglang's load_plugins() ran "
-            f"but the dequantization hook is not applied to {', '.join(missing)} "
-            f"(SGLANG_PLUGINS={os.environ.get('SGLANG_PLUGINS')!r}; see the sglang.srt.plugins "
-            "log above). What to do: install sglang-mtp-dequant on every Ray node and do not "
-            "exclude 'mtp_dequant' with SGLANG_PLUGINS there."
+            subject=f"Ray worker pid {os.getpid()}",
+            problem=(
+                f"sglang's load_plugins() ran but the dequantization hook is not applied to "
+                f"{', '.join(missing)} (SGLANG_PLUGINS={os.environ.get('SGLANG_PLUGINS')!r}; "
+                "see the sglang.srt.plugins log above)"
+            ),
+            hint=(
+                "install sglang-mtp-dequant on every Ray node and do not exclude 'mtp_dequant' "
+                "with SGLANG_PLUGINS there"
+            ),
         )
 
 
@@ -229,11 +235,16 @@ def draft_may_need_plugin(server_args: Any) -> bool:
 
 def _refusal(why: str) -> PluginNotInRayWorkersError:
     return PluginNotInRayWorkersError(
-        f"sglang-mtp-dequant: refusing this Ray launch: {why}, so sglang's SchedulerActors "
-        "(which build the draft and never call load_plugins()) would load the quantized draft "
-        "WITHOUT dequantization. What to do: give the job the setup hook, e.g. "
-        f'ray.init(runtime_env={{"worker_process_setup_hook": "{SETUP_HOOK}"}}) before '
-        "creating the engine, or `ray job submit --runtime-env-json "
-        f'\'{{"worker_process_setup_hook": "{SETUP_HOOK}"}}\' -- ...`; a hook of your own must '
-        f"call {SETUP_HOOK}() too. Or leave Ray uninitialized and the plugin does it."
+        subject="refusing this Ray launch",
+        problem=(
+            f"{why}, so sglang's SchedulerActors (which build the draft and never call "
+            "load_plugins()) would load the quantized draft WITHOUT dequantization"
+        ),
+        hint=(
+            "give the job the setup hook, e.g. "
+            f'ray.init(runtime_env={{"worker_process_setup_hook": "{SETUP_HOOK}"}}) before '
+            "creating the engine, or `ray job submit --runtime-env-json "
+            f'\'{{"worker_process_setup_hook": "{SETUP_HOOK}"}}\' -- ...`; a hook of your own '
+            f"must call {SETUP_HOOK}() too. Or leave Ray uninitialized and the plugin does it"
+        ),
     )

@@ -145,6 +145,48 @@ LEDGER: tuple[Private, ...] = (
         remove_when="as the expert map",
     ),
     Private(
+        name="sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments",
+        why="its DSA branch (DeepSeek-V3.2, GLM-5; and the overrides _dsa_kv_cache_dtype_default, "
+        "_dsa_split_backend_resolution) calls torch.cuda.get_device_capability() whenever the "
+        "platform is not NPU/XPU, which raises on a CPU box: the CPU tools could not publish a "
+        "ServerArgs for such a checkpoint",
+        how="not called: the CPU tools answer torch.cuda.get_device_capability() with (0, 0) "
+        "while they publish (tools/cpu_env.cuda_capability_answered); the serving plugin never "
+        "does",
+        read_in="0.5.23",
+        remove_when="sglang's DSA adjustment checks torch.cuda.is_available() first",
+    ),
+    Private(
+        name="sglang.srt.layers.rotary_embedding.factory.get_rope_cpu",
+        why="sglang's CPU rope asserts deepseek_yarn scaling; the DSA indexer of GLM-5 (default "
+        "rope) takes that branch on a CPU box, so its draft class cannot be built there",
+        how="swapped, while the CPU tools build a draft, for a function that builds any other "
+        "rope with sglang's generic factory.get_rope (tools/cpu_env.generic_rope_on_cpu)",
+        read_in="0.5.23",
+        remove_when="sglang's CPU rope supports every rope type",
+    ),
+    Private(
+        name="is_npu as the draft modules see it (qwen3_5_mtp, qwen3_next_mtp, glm4_moe_nextn, "
+        "glm4_moe_lite_nextn)",
+        why="each of these draft classes builds itself unquantized on NPU when the draft "
+        "quantization is unset (its _mtp_quant_config / __init__ clause); the doctor, on a CPU "
+        "box, must get the answer the Ascend server gets",
+        how="the module global is_npu answers True while the doctor builds the draft on the "
+        "meta device (tools/cpu_env.npu_quantization_rule); it is read there only by that "
+        "clause (and in forward, never run)",
+        read_in="0.5.23",
+        remove_when="sglang exposes the draft's quantization decision as a function",
+    ),
+    Private(
+        name="sglang.srt.plugins._get_excluded_dists",
+        why="the CLI tells the user whether sglang would load this plugin in their environment "
+        "(SGLANG_PLATFORM excludes the plugins of unselected platform packages)",
+        how="called by the CLI (tools/activation.py), its result passed to sglang's public "
+        "load_plugins_by_group",
+        read_in="0.5.23",
+        remove_when="sglang exposes 'which plugins would load' publicly",
+    ),
+    Private(
         name="sglang.srt.runtime_context (get_model, get_spec, get_server_args, publish, "
         "SpawnRanks)",
         why="the draft's launch path, revision and --download-dir inside a scheduler; the CPU "
@@ -235,3 +277,45 @@ def publish_server_args(server_args: Any, role: str, world_rank: int) -> None:
     from sglang.srt.runtime_context import SpawnRanks, publish
 
     publish(server_args, role=role, ranks=SpawnRanks(world_rank=world_rank))
+
+
+def excluded_plugin_dists() -> set[str]:
+    """The distributions whose general plugins sglang skips under ``SGLANG_PLATFORM``."""
+    from sglang.srt.plugins import _get_excluded_dists
+
+    return _get_excluded_dists()
+
+
+def cpu_rope_builder() -> Any:
+    """sglang's CPU rope factory (the ``device == "cpu"`` branch of ``get_rope_wrapper``)."""
+    from sglang.srt.layers.rotary_embedding import factory
+
+    return factory.get_rope_cpu
+
+
+def set_cpu_rope_builder(function: Any) -> None:
+    from sglang.srt.layers.rotary_embedding import factory
+
+    factory.get_rope_cpu = function
+
+
+def generic_rope_builder() -> Any:
+    from sglang.srt.layers.rotary_embedding import factory
+
+    return factory.get_rope
+
+
+#: the draft modules whose quantization rule has an NPU clause (``if is_npu() and ...``)
+NPU_RULE_MODULES = tuple(
+    f"sglang.srt.models.{m}"
+    for m in ("qwen3_5_mtp", "qwen3_next_mtp", "glm4_moe_nextn", "glm4_moe_lite_nextn")
+)
+
+
+def draft_module_is_npu(module: Any) -> Any:
+    """The ``is_npu`` a draft module's quantization rule calls."""
+    return module.is_npu
+
+
+def set_draft_module_is_npu(module: Any, function: Any) -> None:
+    module.is_npu = function

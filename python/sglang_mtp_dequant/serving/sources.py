@@ -25,7 +25,6 @@ the result through), and the CLI calls those same two functions.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,8 +33,6 @@ from ..errors import CheckpointFormatError
 from ..formats.checkpoint import WeightSource
 from ..formats.config import CheckpointConfig
 from . import context, sglang_private
-
-logger = logging.getLogger("sglang_mtp_dequant")
 
 #: the index name sglang filters safetensors files with (``SAFE_WEIGHTS_INDEX_NAME``)
 SGLANG_INDEX = "model.safetensors.index.json"

@@ -39,7 +39,7 @@ import torch
 
 from ..errors import DraftWeightError
 from ..formats import naming
-from ..formats.checkpoint import is_code_dtype
+from ..formats.checkpoint import dtype_name, is_code_dtype
 from ..formats.plan import DequantPlan
 from .ownership import ExpertOwnership
 
@@ -107,7 +107,7 @@ class DequantizingStream:
                         tensor=name,
                         file=None,
                         problem=(
-                            f"streamed as {str(tensor.dtype).replace('torch.', '')} codes into "
+                            f"streamed as {dtype_name(tensor.dtype)} codes into "
                             "an unquantized draft, and the plugin has no scale for it"
                         ),
                         hint=self.missing_plan_hint

@@ -5,13 +5,16 @@ Usage::
     sglang-mtp-dequant doctor /models/Qwen3.5-27B-w8a8          # table, verdict last
     sglang-mtp-dequant doctor acme/Qwen3.5-27B-w8a8 --download-dir /data/hub --json
     sglang-mtp-dequant verify /models/Qwen3.5-27B-w8a8 [--reference mtp_float.safetensors]
+    sglang-mtp-dequant --version
 
 PATH is what sglang gets as ``--model-path``: a folder, a Hugging Face snapshot folder, or a
 hub id in the local cache (never downloaded), with ``--download-dir`` / ``--revision`` as
-sglang takes them. Exit status: 0 when the verdict is ok, 1 when it is error, 2 for a usage
-error (argparse). Both commands import sglang to resolve the checkpoint as it would; sglang's
-own output (import-time warnings, its loader's log lines and progress bars) goes to a log file
-whose path is printed last, or to the terminal with ``-v``.
+sglang takes them. The inputs are checked first, before sglang is imported (``preflight.py``):
+a path that is not there, a file, a folder without config.json or weights, a missing
+``--reference`` are answered at once. Both commands then import sglang to resolve and build
+the checkpoint's draft as it would; sglang's own output (import-time warnings, its loader's
+log lines and progress bars) and this plugin's log lines go to a log file of this run, named
+last, or to the terminal with ``-v``. The exit status is the verdict's (``verdicts.py``).
 """
 
 from __future__ import annotations
@@ -19,35 +22,64 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 
 from ..errors import CheckpointFormatError, DraftWeightError
+from .verdicts import ERROR, EXIT_CODES, help_text
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"sglang-mtp-dequant {of('sglang-mtp-dequant')} (sglang {of('sglang')})"
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sglang-mtp-dequant",
         description="Explain and check quantized MTP drafts for sglang.",
+        epilog=help_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser(
-        "doctor", help="list every draft tensor, the planned action and a verdict"
+        "doctor",
+        help="list every draft tensor, the planned action and a verdict",
+        epilog=help_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     verify = sub.add_parser(
-        "verify", help="load sglang's draft on the CPU, stock and with the plugin, and compare"
+        "verify",
+        help="load sglang's draft on the CPU, stock and with the plugin, and compare",
+        epilog=help_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     for command in (doctor, verify):
         command.add_argument("path", help="checkpoint folder, snapshot folder or cached hub id")
         command.add_argument("--download-dir", help="sglang's --download-dir (a hub cache)")
         command.add_argument("--revision", help="sglang's --revision for a hub id")
-        command.add_argument("-v", "--verbose", action="store_true", help="sglang's output too")
-        command.add_argument("--log", help="where sglang's output goes (default: a temp file)")
-    doctor.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        command.add_argument(
+            "-v", "--verbose", action="store_true", help="sglang's and the plugin's log lines too"
+        )
+        command.add_argument(
+            "--log", help="where sglang's output goes (default: a new file per run)"
+        )
+        command.add_argument("--json", action="store_true", help="print JSON instead of text")
     doctor.add_argument(
-        "--no-dry-run", action="store_true", help="do not build the draft class (no coverage)"
+        "--no-dry-run",
+        action="store_true",
+        help="do not build the draft class (no coverage; the verdict is then 'unchecked')",
     )
     verify.add_argument(
         "--reference",
@@ -59,24 +91,76 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    log = args.log or os.path.join(tempfile.gettempdir(), f"sglang-mtp-dequant-{args.command}.log")
-    with _sglang_output(None if args.verbose else log) as say:
+    early = _preflight(args)
+    if early is not None:
+        print(early)
+        return EXIT_CODES[ERROR]
+    log = None if args.verbose else (os.path.abspath(args.log) if args.log else _new_log(args))
+    with _sglang_output(log) as say:
         if args.command == "doctor":
-            code, text = _doctor(args)
+            code, text = _doctor(args, log)
         else:
-            code, text = _verify(args, say)
+            code, text = _verify(args, say, log)
     print(text)
-    if not args.verbose:
+    if log is not None:
         print(f"(sglang's own output: {log})", file=sys.stderr)
     return code
+
+
+def _new_log(args: argparse.Namespace) -> str:
+    """A log file of this run only (two runs at once never share one)."""
+    handle, path = tempfile.mkstemp(prefix=f"sglang-mtp-dequant-{args.command}-", suffix=".log")
+    os.close(handle)
+    return path
+
+
+def _preflight(args: argparse.Namespace) -> str | None:
+    """The answer to an input that is certainly wrong, before sglang is imported."""
+    from .preflight import check_model_path, check_reference
+
+    wrong = check_model_path(args.path, download_dir=args.download_dir)
+    if wrong is None and args.command == "verify" and args.reference:
+        wrong = check_reference(args.reference)
+    if wrong is None:
+        return None
+    if args.json:
+        return json.dumps(_input_error_json(args, wrong), indent=2)
+    head = f"sglang-mtp-dequant {args.command}: {args.path}"
+    return f"{head}\n  problem: {wrong}\n\nverdict: error - {wrong.problem}"
+
+
+def _input_error_json(args: argparse.Namespace, wrong) -> dict:
+    from .verdicts import DOCTOR_SCHEMA_VERSION, VERIFY_SCHEMA_VERSION
+
+    return {
+        "schema_version": (
+            DOCTOR_SCHEMA_VERSION if args.command == "doctor" else VERIFY_SCHEMA_VERSION
+        ),
+        "verdict": ERROR,
+        "reason": wrong.problem,
+        "error_kind": wrong.kind,
+        "requested": args.path,
+        "path": wrong.path,
+        "problems": [str(wrong)],
+    }
 
 
 @contextlib.contextmanager
 def _sglang_output(log: str | None) -> Iterator[Callable[[str], None]]:
     """Send everything written to stdout and stderr (sglang's warnings, log lines, progress
-    bars) to ``log``; yield a function that still prints to the terminal."""
+    bars) and this plugin's INFO lines to ``log``; yield a function that still prints to the
+    terminal. ``log=None`` (``-v``): everything on the terminal, the plugin's INFO lines too."""
+    plugin_log = logging.getLogger("sglang_mtp_dequant")
+    level = plugin_log.level
+    plugin_log.setLevel(logging.INFO)
     if log is None:
-        yield lambda line: print(line, flush=True)
+        handler = logging.StreamHandler(sys.stderr)
+        plugin_log.addHandler(handler)
+        try:
+            yield lambda line: print(line, flush=True)
+        finally:
+            plugin_log.removeHandler(handler)
+            plugin_log.setLevel(level)
         return
     sys.stdout.flush()
     sys.stderr.flush()
@@ -86,10 +170,18 @@ def _sglang_output(log: str | None) -> Iterator[Callable[[str], None]]:
         # streams (whatever replaced them, e.g. a test's capture)
         os.dup2(handle.fileno(), 1)
         os.dup2(handle.fileno(), 2)
+        handler = logging.StreamHandler(handle)
+        plugin_log.addHandler(handler)
         try:
             with contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
-                yield lambda line: os.write(saved[0], f"{line}\n".encode())
+
+                def to_terminal(line: str) -> None:
+                    os.write(saved[0], f"{line}\n".encode())
+
+                yield to_terminal
         finally:
+            plugin_log.removeHandler(handler)
+            plugin_log.setLevel(level)
             sys.stdout.flush()
             sys.stderr.flush()
             os.dup2(saved[0], 1)
@@ -98,7 +190,7 @@ def _sglang_output(log: str | None) -> Iterator[Callable[[str], None]]:
             os.close(saved[1])
 
 
-def _doctor(args: argparse.Namespace) -> tuple[int, str]:
+def _doctor(args: argparse.Namespace, log: str | None) -> tuple[int, str]:
     from .doctor import diagnose, render_text
 
     report = diagnose(
@@ -107,11 +199,15 @@ def _doctor(args: argparse.Namespace) -> tuple[int, str]:
         revision=args.revision,
         dry_run=not args.no_dry_run,
     )
-    text = json.dumps(report.to_json(), indent=2) if args.json else render_text(report)
-    return (0 if report.verdict == "ok" else 1), text
+    if args.json:
+        text = json.dumps({**report.to_json(), "log": log}, indent=2)
+    else:
+        text = render_text(report)
+    return EXIT_CODES[report.verdict], text
 
 
-def _verify(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[int, str]:
+def _verify(args: argparse.Namespace, say: Callable[[str], None], log: str | None):
+    from .verdicts import VERIFY_SCHEMA_VERSION as SCHEMA_VERSION
     from .verify import render_verify, run_verify
 
     try:
@@ -123,8 +219,14 @@ def _verify(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[int, 
             say=say,
         )
     except (CheckpointFormatError, DraftWeightError) as exc:
-        return 1, f"verify: {exc}\nverdict: error"
-    return (0 if report.ok else 1), render_verify(report)
+        if args.json:
+            out = {"schema_version": SCHEMA_VERSION, "verdict": ERROR, "reason": str(exc),
+                   "requested": args.path, "problems": [str(exc)], "log": log}  # fmt: skip
+            return EXIT_CODES[ERROR], json.dumps(out, indent=2)
+        return EXIT_CODES[ERROR], f"verify: {exc}\nverdict: error - {exc}"
+    if args.json:
+        return EXIT_CODES[report.verdict], json.dumps({**report.to_json(), "log": log}, indent=2)
+    return EXIT_CODES[report.verdict], render_verify(report)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,19 @@ sampling or weight loading:
 - Off CUDA, ``RotaryEmbedding.__init__`` imports ``vllm._custom_ops.rotary_embedding``, a
   GPU kernel used only in ``forward`` on CUDA. A placeholder module is put in ``sys.modules``
   while the model is built and removed afterwards; it raises if anything ever calls it.
+- sglang's server-args resolution for DSA models (DeepSeek-V3.2, GLM-5) asks
+  ``torch.cuda.get_device_capability()`` whenever the platform is not NPU or XPU; off CUDA that
+  raises. While the CPU tools publish their ServerArgs (``cuda_capability_answered``) the call
+  is answered ``(0, 0)``: only the KV-cache dtype and attention-backend choices read it, never
+  a weight, a shape or the draft's quantization.
+- sglang's CPU rope (the ``device == "cpu"`` branch of ``get_rope_wrapper``, which the DSA
+  indexer takes) supports ``deepseek_yarn`` scaling only and asserts otherwise (GLM-5's default
+  rope). While a draft is built (``generic_rope_on_cpu``) any other rope is built by sglang's
+  generic ``get_rope``; a rope holds no weights and is used only in ``forward``, which the CPU
+  tools never run.
+
+Each stand-in records a note the first time it is needed (``stand_ins_used``), which the doctor
+prints: what was answered for sglang, and why it cannot change what the check finds.
 
 The CLI (``verify``, the doctor's dry run), the tests and the end-to-end servers'
 ``sitecustomize`` (``benchmarks/e2e/site/``) use these; the serving plugin never does.
@@ -31,12 +44,43 @@ from collections.abc import Iterator
 
 import torch
 
+#: stand-in name -> the note the doctor prints, for each stand-in some sglang call needed
+_USED: dict[str, str] = {}
+
+CUDA_CAPABILITY_NOTE = (
+    "CPU stand-in: sglang's server-args adjustment for DSA models asks "
+    "torch.cuda.get_device_capability(), which has no answer off CUDA (on NPU it is not asked); "
+    "the CPU tools answered (0, 0). Only the KV-cache dtype and attention backends depend on "
+    "it, never the draft's weights, shapes or quantization"
+)
+GENERIC_ROPE_NOTE = (
+    "CPU stand-in: sglang's CPU rope supports deepseek_yarn scaling only (the DSA indexer's "
+    "rope here has {scaling}); it was built with sglang's generic rope instead. A rope holds no "
+    "weights and runs only in forward, which the CPU tools never call"
+)
+
+
+def stand_ins_used() -> dict[str, str]:
+    """The stand-ins some sglang call needed since ``forget_stand_ins``, with their notes."""
+    return dict(_USED)
+
+
+def forget_stand_ins() -> None:
+    """Start a new record (the doctor does, per checkpoint)."""
+    _USED.clear()
+
 
 def ensure_torchvision_importable() -> None:
-    """Make ``import torchvision`` work beside CPU torch (see the module docstring)."""
+    """Make ``import torchvision`` work beside CPU torch (see the module docstring).
+
+    Without torchvision installed there is nothing to repair (sglang's own import then says
+    what is missing).
+    """
     try:
         import torchvision  # noqa: F401
 
+        return
+    except ImportError:
         return
     except RuntimeError as exc:
         if "torchvision::nms" not in str(exc):
@@ -61,8 +105,8 @@ def vllm_placeholder() -> dict[str, types.ModuleType]:
 
     vllm = types.ModuleType("vllm")
     ops = types.ModuleType("vllm._custom_ops")
-    ops.rotary_embedding = rotary_embedding
-    vllm._custom_ops = ops
+    setattr(ops, "rotary_embedding", rotary_embedding)  # noqa: B010 - a module built here
+    setattr(vllm, "_custom_ops", ops)  # noqa: B010
     return {"vllm": vllm, "vllm._custom_ops": ops}
 
 
@@ -78,3 +122,75 @@ def placeholder_vllm_rotary() -> Iterator[None]:
     finally:
         sys.modules.pop("vllm._custom_ops", None)
         sys.modules.pop("vllm", None)
+
+
+@contextlib.contextmanager
+def cuda_capability_answered() -> Iterator[None]:
+    """Answer ``torch.cuda.get_device_capability()`` with ``(0, 0)`` off CUDA (see the module
+    docstring); on a machine with CUDA nothing changes."""
+    if torch.cuda.is_available():
+        yield
+        return
+    real = torch.cuda.get_device_capability
+
+    def get_device_capability(device=None) -> tuple[int, int]:
+        _USED["cuda-capability"] = CUDA_CAPABILITY_NOTE
+        return (0, 0)
+
+    torch.cuda.get_device_capability = get_device_capability
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_capability = real
+
+
+@contextlib.contextmanager
+def generic_rope_on_cpu() -> Iterator[None]:
+    """Build ropes sglang's CPU branch cannot build with its generic ``get_rope`` (see the
+    module docstring); ``deepseek_yarn`` ropes still come from the CPU branch."""
+    from ..serving import sglang_private
+
+    real = sglang_private.cpu_rope_builder()
+    generic = sglang_private.generic_rope_builder()
+
+    def cpu_rope(head_size, rotary_dim, max_position, base, is_neox_style=True,
+                 rope_scaling=None, dtype=None, partial_rotary_factor=1.0,
+                 device=None):  # fmt: skip
+        scaling = (rope_scaling or {}).get("rope_type")
+        if scaling == "deepseek_yarn":
+            return real(head_size, rotary_dim, max_position, base, is_neox_style, rope_scaling,
+                        dtype, partial_rotary_factor, device)  # fmt: skip
+        _USED["generic-rope"] = GENERIC_ROPE_NOTE.format(
+            scaling=f"{scaling!r} scaling" if scaling else "no rope_scaling"
+        )
+        return generic(head_size, rotary_dim, max_position, base, is_neox_style, rope_scaling,
+                       dtype, partial_rotary_factor)  # fmt: skip
+
+    sglang_private.set_cpu_rope_builder(cpu_rope)
+    try:
+        yield
+    finally:
+        sglang_private.set_cpu_rope_builder(real)
+
+
+@contextlib.contextmanager
+def npu_quantization_rule() -> Iterator[None]:
+    """While a draft is built, the draft classes' own quantization rule answers as on NPU
+    (the platform this plugin serves): Qwen3.5/3.6, Qwen3-Next, GLM-4.5 and GLM-4.7-Flash
+    drafts are built unquantized on NPU whenever the draft quantization is unset. Only that
+    clause reads the module's ``is_npu`` while the class is built (the others are in
+    ``forward``), so nothing else of the build changes."""
+    import importlib
+
+    from ..serving import sglang_private
+
+    saved = []
+    for path in sglang_private.NPU_RULE_MODULES:
+        module = importlib.import_module(path)
+        saved.append((module, sglang_private.draft_module_is_npu(module)))
+        sglang_private.set_draft_module_is_npu(module, lambda: True)
+    try:
+        yield
+    finally:
+        for module, function in saved:
+            sglang_private.set_draft_module_is_npu(module, function)

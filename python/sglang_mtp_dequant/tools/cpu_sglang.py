@@ -20,10 +20,15 @@ import socket
 import torch
 
 from ..serving import sglang_private
-from .cpu_env import ensure_torchvision_importable, placeholder_vllm_rotary
+from .cpu_env import (
+    cuda_capability_answered,
+    ensure_torchvision_importable,
+    generic_rope_on_cpu,
+    placeholder_vllm_rotary,
+)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -44,7 +49,7 @@ def init_world_size_one() -> None:
         rank=0,
         local_rank=0,
         backend="gloo",
-        distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+        distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
     )
     parallel_state.initialize_model_parallel(backend="gloo")
     _DIST_READY = True
@@ -63,7 +68,8 @@ def publish_context(model_path: str, draft_path: str | None = None, **server_arg
     )
     if draft_path is not None:
         args.speculative_draft_model_path = draft_path
-    sglang_private.publish_server_args(args, role="test", world_rank=0)
+    with cuda_capability_answered():  # sglang's DSA adjustment asks for a CUDA device
+        sglang_private.publish_server_args(args, role="test", world_rank=0)
 
 
 def join_parallel_world(
@@ -86,7 +92,8 @@ def join_parallel_world(
     # sglang reads ranks from two places that must agree: the published SpawnRanks (read by
     # VocabParallelEmbedding and FusedMoE) and the torch process group (read by the linear
     # layers); run_scheduler_process publishes world_rank == the torch rank as well
-    sglang_private.publish_server_args(server_args, role="scheduler", world_rank=rank)
+    with cuda_capability_answered():
+        sglang_private.publish_server_args(server_args, role="scheduler", world_rank=rank)
     parallel_state.set_custom_all_reduce(False)  # a CUDA-only feature
     parallel_state.init_distributed_environment(
         world_size=world_size,
@@ -128,7 +135,7 @@ def build_draft(model_config, device: str | torch.device = "cpu") -> torch.nn.Mo
     load_config = LoadConfig(load_format="auto")
     quant_config = sglang_private.quantization_config(model_config, load_config)
     with set_default_torch_dtype(model_config.dtype), torch.device(device):
-        with placeholder_vllm_rotary():
+        with placeholder_vllm_rotary(), generic_rope_on_cpu():
             return sglang_private.initialize_model(model_config, load_config, quant_config)
 
 
@@ -179,5 +186,5 @@ def build_draft_class(
     from sglang.srt.model_loader.utils import set_default_torch_dtype
 
     cls = pkgutil.resolve_name(class_path)
-    with set_default_torch_dtype(dtype), placeholder_vllm_rotary():
+    with set_default_torch_dtype(dtype), placeholder_vllm_rotary(), generic_rope_on_cpu():
         return cls(config, quant_config=quant_config)

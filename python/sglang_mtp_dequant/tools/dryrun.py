@@ -1,31 +1,71 @@
-"""What sglang's own loaders would write, for a checkpoint's draft, without reading a weight.
+"""How sglang builds a checkpoint's draft, and what its loaders would write, without a weight.
 
 Usage::
 
-    coverage = simulate_load(source, checkpoint, plan, spec)
+    built = build_meta_draft(source.folder)      # sglang's ModelConfig, quant config, class
+    built.quant_config         # None: built unquantized (the plugin's hook acts)
+    coverage = simulate_load(built, checkpoint, plan, spec)    # through the plugin's stream
+    coverage = simulate_load(built, checkpoint, None, spec)    # stock sglang (a quantized draft)
     coverage.unwritten      # {"model.layers.0.qkv_proj.weight": "shard 'k' of 3"}
     coverage.skipped        # draft checkpoint names the class drops
+    coverage.codes_in_float  # float parameters stock sglang fills with raw codes
 
-The doctor's answer to "will every draft parameter be filled?": sglang's own draft class is
-built on the ``meta`` device (no memory) and its own ``load_weights`` is fed, through the
-plugin's stream, a meta tensor of each draft tensor's header shape and dtype, with the write
-recorder the server uses (``guard/writes.py``). Loaders decide by names and shapes, never by
-values, so the record is the one a real load would make; no weight byte is read.
+The doctor's answers to "how is the draft built?" and "will every draft parameter be filled?"
+come from sglang's own code: its draft ``ModelConfig`` (``is_draft_model=True``: the draft
+quantization from config.json's ``quantization_config`` when unset), its quantization config,
+and its draft class built on the ``meta`` device (no memory) with the class's own quantization
+rule answering as on NPU (``cpu_env.npu_quantization_rule``). Its own ``load_weights`` is then
+fed a meta tensor of each draft tensor's header shape and dtype, through the plugin's stream
+when the plugin acts, as stock sglang otherwise, with the write recorder the server uses
+(``guard/writes.py``). Loaders decide by names and shapes, never by values, so the record is
+the one a real load would make; no weight byte is read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 
-from ..formats.checkpoint import Checkpoint, WeightSource
+from ..formats.checkpoint import Checkpoint, dtype_name, is_code_dtype
 from ..formats.plan import DequantPlan
 from ..serving.drafts import DraftSpec, draft_dtype
 from ..serving.guard import WriteRecorder
 from ..serving.plugin import bypassed
 from ..serving.stream import DequantizingStream
+
+
+@dataclass
+class Built:
+    """sglang's draft for a checkpoint, built on the meta device."""
+
+    model_config: Any
+    model: torch.nn.Module
+
+    @property
+    def class_name(self) -> str:
+        return type(self.model).__name__
+
+    @property
+    def quantization(self) -> str | None:
+        """What sglang's draft ``ModelConfig`` resolved (before the class's own rule)."""
+        return self.model_config.quantization
+
+    @property
+    def quant_config(self) -> str | None:
+        """The quantization the built draft keeps (what the plugin's hook looks at)."""
+        config = getattr(self.model, "quant_config", None)
+        return None if config is None else str(config.get_name())
+
+    @property
+    def dtype(self) -> str:
+        return dtype_name(draft_dtype(self.model))
+
+    def applies_rotation(self) -> bool:
+        """Whether sglang's class has a QuaRot step (``rot_weight``, DeepSeek's NextN)."""
+        return any(hasattr(module, "rot_weight") for module in self.model.modules())
 
 
 @dataclass
@@ -36,27 +76,63 @@ class Coverage:
     dtype: str
     unwritten: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    #: float parameter -> the code tensors (name, dtype) stock sglang copies into it
+    codes_in_float: dict[str, list[str]] = field(default_factory=dict)
+
+
+def build_meta_draft(folder: str) -> Built:
+    """sglang's draft for the checkpoint in ``folder`` (see the module docstring).
+
+    Raises whatever sglang raises building it."""
+    from .cpu_env import npu_quantization_rule
+    from .cpu_sglang import build_draft, draft_model_config, prepare_cpu_process
+
+    prepare_cpu_process(folder)
+    model_config = draft_model_config(folder)
+    with npu_quantization_rule():
+        model = build_draft(model_config, device="meta")
+    return Built(model_config, model)
 
 
 def simulate_load(
-    source: WeightSource, checkpoint: Checkpoint, plan: DequantPlan, spec: DraftSpec
+    built: Built, checkpoint: Checkpoint, plan: DequantPlan | None, spec: DraftSpec | None
 ) -> Coverage:
-    """Dry-run sglang's load of the draft of ``source`` (see the module docstring).
+    """Dry-run sglang's load of the draft: through the plugin's stream with ``plan``, or as
+    stock sglang with ``plan=None`` (a draft the plugin does not act on).
 
-    Raises whatever building the class or its loader raises on the meta device.
+    Raises whatever the class's loader raises on the meta device.
     """
-    from .cpu_sglang import build_draft, draft_model_config, prepare_cpu_process
+    model = built.model
+    from_target = spec.from_target if spec is not None else ("embed_tokens", "lm_head")
+    names = spec.draft_names(model) if spec is not None else (lambda n: n in checkpoint.tensors)
+    dtypes = {n: i.dtype for n, i in checkpoint.tensors.items()}
+    with WriteRecorder(model, from_target) as writes:
+        stream = None
+        if plan is not None:
+            stream = DequantizingStream(
+                lambda: plan, draft_dtype(model), names, observer=writes.on_streamed
+            )
+            weights = stream.apply(_header_tensors(checkpoint))
+        else:
+            weights = _observed(_header_tensors(checkpoint), writes)
+        with bypassed():  # sglang's own load_weights (fed the plugin's stream if planned)
+            cast(Any, model).load_weights(weights)
+    coverage = Coverage(built.class_name, built.dtype, writes.unwritten(), writes.skipped_names())
+    if plan is None:
+        for parameter, sources in writes.fed_by.items():
+            param = writes.params.get(parameter)
+            if param is None or is_code_dtype(param.dtype) or not param.is_floating_point():
+                continue
+            codes = [s for s in sources if is_code_dtype(dtypes.get(s, torch.float32))]
+            if codes:
+                coverage.codes_in_float[parameter] = codes
+    return coverage
 
-    prepare_cpu_process(source.folder)
-    model = build_draft(draft_model_config(source.folder), device="meta")
-    with WriteRecorder(model, spec.from_target) as writes:
-        stream = DequantizingStream(
-            lambda: plan, draft_dtype(model), spec.draft_names(model), observer=writes.on_streamed
-        )
-        with bypassed():  # sglang's own load_weights, fed the plugin's stream
-            model.load_weights(stream.apply(_header_tensors(checkpoint)))
-    dtype = str(draft_dtype(model)).replace("torch.", "")
-    return Coverage(type(model).__name__, dtype, writes.unwritten(), writes.skipped_names())
+
+def _observed(weights, writes: WriteRecorder) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, tensor in weights:
+        writes.on_streamed(name, tensor)
+        yield name, tensor
 
 
 def _header_tensors(checkpoint: Checkpoint) -> Iterator[tuple[str, torch.Tensor]]:

@@ -16,10 +16,11 @@ weight as it streams by, through the one pure function ``affine.dequantize``.
 
 The arithmetic is ModelSlim's: ``w = (q - offset) * scale`` in fp32, rounded once to the
 draft's dtype. int4 schemes (``int4.py``) first unpack two codes a byte; float8 schemes
-(``fp8.py``) have no offset.
+(``fp8.py``) have no offset; MX schemes (``mx.py``) scale float8 or packed fp4 (e2m1) codes by
+a power of two per block of 32 inputs.
 """
 
-from . import fp8, int4, int8  # noqa: F401 - importing a scheme module registers its classes
+from . import fp8, int4, int8, mx  # noqa: F401 - importing a scheme module registers its classes
 from .affine import AffineDecoder, dequantize
 from .base import Scheme, infer_type, known_types, register_scheme, scheme_for
 

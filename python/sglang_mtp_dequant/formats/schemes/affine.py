@@ -54,8 +54,8 @@ def dequantize(
     out=bf16)``) converts its operands into whole temporaries first, any product taken in
     bf16/fp16 rounds the scale, and a two-pass body (cast into the output, then scale it in
     place in fp32 through torch's eval-mode batch-norm kernel) measured a tie while relying on
-    that kernel accepting its input as its output; in cache, torch's kernels for these passes
-    alone cost 2.2-2.6 casts (``bench_dequant.py --floor``, docs/results.md).
+    that kernel accepting its input as its output. What torch's kernels for these passes cost
+    against a plain cast: ``bench_dequant.py --floor``, docs/results.md.
 
     ``test/test_dequantize.py`` checks it against the whole-tensor fp32 formula.
     """
@@ -70,18 +70,21 @@ def dequantize(
     direct = dtype == torch.float32
     # one fp32 buffer for every block: no allocation (and no page faults) inside the loop; the
     # same size for every tensor, so the C allocator hands the same memory back each time
-    buffer = None
+    buffer: torch.Tensor | None = None
     if not direct:
         flat = torch.empty(max(BLOCK_ELEMENTS, in_features), dtype=torch.float32)
         buffer = flat[: min(step, rows) * in_features].view(-1, in_features)
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         target = out[r0:r1]
-        work = target if direct else (buffer if r1 - r0 == len(buffer) else buffer[: r1 - r0])
+        if buffer is None:
+            work = target
+        else:
+            work = buffer if r1 - r0 == len(buffer) else buffer[: r1 - r0]
         work.copy_(codes[r0:r1])
         shift = None if offset is None else offset[r0:r1]
         _affine_in_place(work, scale[r0:r1], shift, full, group_width)
-        if not direct:
+        if buffer is not None:
             target.copy_(work)  # the one rounding, to the draft's dtype
     return out
 

@@ -23,7 +23,7 @@ from typing import ClassVar
 import torch
 
 from ...errors import DraftWeightError
-from ..checkpoint import TensorInfo
+from ..checkpoint import TensorInfo, dtype_name
 from .affine import AffineDecoder
 
 REEXPORT = "re-export the checkpoint with msmodelslim, or serve the draft quantized"
@@ -91,8 +91,20 @@ class Scheme(ABC):
     def claims(cls, weight: TensorInfo, suffixes: frozenset[str]) -> bool:
         """Whether a weight the description does not type is this scheme's, from its storage
         dtype and the companions beside it. The rules of the schemes are disjoint, so the
-        answer never depends on the order schemes registered in."""
+        answer never depends on the order schemes registered in (``infer_type`` also drops a
+        claim whose weight or companions are stored as the scheme does not define)."""
         return False
+
+    def stores(self, weight: TensorInfo, companions: Mapping[str, TensorInfo]) -> bool:
+        """Whether the weight's codes and every companion it declares are stored as this
+        scheme defines them (what ``check_storage`` refuses, as a yes/no)."""
+        if weight.dtype not in self.code_dtypes:
+            return False
+        return all(
+            info.dtype in self.companions[suffix]
+            for suffix, info in companions.items()
+            if suffix in self.companions
+        )
 
     def logical_shape(self, stored: TensorInfo) -> tuple[int, ...]:
         """The weight's (…, out, in) shape once decoded; int4 schemes unpack here."""
@@ -100,15 +112,26 @@ class Scheme(ABC):
 
 
 def _names(dtypes: tuple[torch.dtype, ...]) -> str:
-    return "/".join(str(d).replace("torch.", "") for d in dtypes)
+    return "/".join(dtype_name(d) for d in dtypes)
 
 
 _REGISTRY: dict[str, Scheme] = {}
 
 
 def register_scheme(cls: type[Scheme]) -> type[Scheme]:
-    """Class decorator: make an instance of ``cls`` the decoder for each of its types."""
+    """Class decorator: make an instance of ``cls`` the decoder for each of its types.
+
+    Raises:
+        ValueError: a type is registered already (two decoders for one description type would
+            make the one that wins depend on import order).
+    """
     instance = cls()
+    for type_name in cls.types:
+        taken = _REGISTRY.get(type_name)
+        if taken is not None:
+            raise ValueError(
+                f"{cls.__name__} registers {type_name!r}, which {type(taken).__name__} decodes"
+            )
     for type_name in cls.types:
         _REGISTRY[type_name] = instance
     return cls
@@ -122,11 +145,26 @@ def known_types() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-def infer_type(weight: TensorInfo, suffixes: set[str] | frozenset[str]) -> str | None:
+def infer_type(
+    weight: TensorInfo, companions: Mapping[str, TensorInfo] | set[str] | frozenset[str]
+) -> str | None:
     """The type of a code-holding weight the description does not list (or lists as FLOAT),
-    when exactly one scheme claims it."""
-    claimed = {s.name for s in _REGISTRY.values() if s.claims(weight, frozenset(suffixes))}
-    return claimed.pop() if len(claimed) == 1 else None
+    when exactly one scheme claims it.
+
+    ``companions`` maps suffix -> header of each companion beside the weight; given as
+    headers, a claim whose storage the scheme does not define is dropped (float8 with an
+    f32 ``weight_scale`` is scaled FP8, with a uint8 one MXFP8), unless no claim fits its
+    storage. Bare suffixes are judged by the claims alone.
+    """
+    suffixes = frozenset(companions)
+    claimed = [s for s in _REGISTRY.values() if s.claims(weight, suffixes)]
+    if isinstance(companions, Mapping):
+        # a claim the storage fits wins; with none, the claim stands and ``check_storage``
+        # then names the companion stored as its scheme does not define
+        fitting = [s for s in claimed if s.stores(weight, companions)]
+        claimed = fitting or claimed
+    names = {s.name for s in claimed}
+    return names.pop() if len(names) == 1 else None
 
 
 # -- checks shared by the schemes ----------------------------------------------------------
@@ -247,3 +285,22 @@ def scale_and_offset(
 
 def nonzero_or_none(offset: torch.Tensor) -> torch.Tensor | None:
     return offset if bool(offset.any()) else None
+
+
+def block_size_for(length: int, blocks: int) -> int | None:
+    """The power-of-two block size that cuts ``length`` into ``blocks`` blocks, the last one
+    possibly shorter (``blocks == 1``: the whole length), or None if none does.
+
+    Every size in ``[ceil(length / blocks), ceil(length / (blocks - 1)))`` gives ``blocks``
+    blocks; that range holds at most one power of two when ``blocks >= 2``, so the answer is
+    unique. Used where a checkpoint stores block scales without their block size (float8
+    ``weight_scale_inv``, MXFP4 dual scales).
+    """
+    if blocks < 1 or length < 1:
+        return None
+    if blocks == 1:
+        return length
+    low = -(-length // blocks)
+    high = -(-length // (blocks - 1))
+    size = 1 << (low - 1).bit_length()  # the smallest power of two >= low
+    return size if size < high else None

@@ -1,4 +1,5 @@
-"""float8 draft weights: block-scaled (``weight_scale_inv``) and per-tensor/per-channel scaled.
+"""float8 draft weights: block-scaled (``weight_scale_inv``), per-tensor/per-channel scaled, and
+ModelSlim's WFP8AFP8_DYNAMIC (MXFP8, with E8M0 block exponents, is in ``mx.py``).
 
 Usage::
 
@@ -14,8 +15,9 @@ channel. Either way ``w = q * scale``. When sglang builds such a draft unquantiz
 loaders copy the float8 values themselves (up to 448) into the bf16 parameters: the same
 silent misload as int8 codes, which this scheme prevents.
 
-No description names these types (they are not ModelSlim's): a float8 weight is recognised by
-its dtype and the companion beside it.
+No description names the first two types (they are not ModelSlim's): a float8 weight is
+recognised by its dtype and the companion beside it. ModelSlim's WFP8AFP8_DYNAMIC is named by
+its description and decodes like the per-channel form.
 """
 
 from __future__ import annotations
@@ -27,7 +29,15 @@ import torch
 from ...errors import DraftWeightError
 from ..checkpoint import FLOAT8_DTYPES, TensorInfo
 from .affine import AffineDecoder
-from .base import FLOAT_STORAGE, Scheme, finite, per_row_groups, positive, register_scheme
+from .base import (
+    FLOAT_STORAGE,
+    Scheme,
+    block_size_for,
+    finite,
+    per_row_groups,
+    positive,
+    register_scheme,
+)
 
 REEXPORT_FP8 = (
     "re-export the draft as bf16, or serve it quantized (--speculative-draft-model-"
@@ -53,8 +63,8 @@ class BlockFp8(Scheme):
         if scale is None or scale.dim() != len(shape) or tuple(scale.shape[:-2]) != shape[:-2]:
             raise _block_error(weight, scale, "expected one value per block of the last two dims")
         out, in_features = shape[-2:]
-        block_rows = _block_size(out, scale.shape[-2])
-        block_cols = _block_size(in_features, scale.shape[-1])
+        block_rows = block_size_for(out, scale.shape[-2])
+        block_cols = block_size_for(in_features, scale.shape[-1])
         if block_rows is None or block_cols is None:
             raise _block_error(weight, scale, "no power-of-two block size fits both dimensions")
         per_row = scale.to(torch.float32).repeat_interleave(block_rows, dim=-2)[..., :out, :]
@@ -98,20 +108,48 @@ class ScaledFp8(Scheme):
         return AffineDecoder(weight.name, weight.file, shape, scale.contiguous(), None)
 
 
-def _block_size(length: int, blocks: int) -> int | None:
-    """The block size that cuts ``length`` into ``blocks`` blocks (the last may be shorter).
+@register_scheme
+class Wfp8Afp8Dynamic(Scheme):
+    """WFP8AFP8_DYNAMIC (ModelSlim): float8_e4m3fn codes (out, in), ``weight_scale`` f32 per
+    output channel (out, 1), ``weight_offset`` zeros (out, 1).
 
-    Every size in ``[ceil(length / blocks), ceil(length / (blocks - 1)))`` does; exporters use
-    powers of two (128), and that range holds at most one of them when ``blocks >= 2``.
+    msmodelslim 26.1.0 ``ascendv1.py`` ``on_wfp8afp8_dynamic_per_channel`` writes exactly this
+    (symmetric per-channel minmax, ``scale = amax / 448``); ``w = q * weight_scale``. The zero
+    offset is consumed; a nonzero one is refused, as for W4A8_DYNAMIC: the saver never writes
+    one and no reader applies it. Without a description this weight is scaled FP8's (the same
+    decode).
     """
-    if blocks < 1 or length < 1:
-        return None
-    if blocks == 1:
-        return length
-    low = -(-length // blocks)
-    high = -(-length // (blocks - 1))
-    size = 1 << (low - 1).bit_length()  # the smallest power of two >= low
-    return size if size < high else None
+
+    types = ("WFP8AFP8_DYNAMIC",)
+    companions = {"weight_scale": FLOAT_STORAGE, "weight_offset": FLOAT_STORAGE}
+    code_dtypes = (torch.float8_e4m3fn,)
+
+    def prepare(self, weight, values, group_size, format_version=None):
+        shape = weight.shape
+        raw = values.get("weight_scale")
+        if raw is None:
+            raise _block_error(weight, raw, "no weight_scale")
+        if tuple(raw.shape) not in (shape[:-1], (*shape[:-1], 1)):
+            raise _block_error(
+                weight, raw, f"WFP8AFP8_DYNAMIC is per channel: expected {list(shape[:-1])} + [1]"
+            )
+        offset = values.get("weight_offset")
+        if offset is not None and bool(offset.to(torch.float32).any()):
+            raise DraftWeightError(
+                tensor=weight.name,
+                file=weight.file,
+                problem=(
+                    "WFP8AFP8_DYNAMIC with a nonzero weight_offset (max |offset| "
+                    f"{offset.to(torch.float32).abs().max().item():.6g}): msmodelslim writes "
+                    "this scheme symmetric and no known reader applies the offset, so its "
+                    "meaning is unknown"
+                ),
+                hint=REEXPORT_FP8,
+            )
+        scale = positive(
+            weight, per_row_groups(weight, shape, raw, "weight_scale", 0), "weight_scale"
+        )
+        return AffineDecoder(weight.name, weight.file, shape, scale.contiguous(), None)
 
 
 def _block_error(weight: TensorInfo, scale: torch.Tensor | None, why: str) -> DraftWeightError:

@@ -1,4 +1,5 @@
-"""The int4 ModelSlim schemes: W4A8_DYNAMIC (V1 packed, V0 two-stage, legacy) and W4A16.
+"""The int4 ModelSlim schemes: W4A8_DYNAMIC (V1 packed, V0 two-stage, legacy), W4A16 and
+W4A4_DYNAMIC.
 
 Usage::
 
@@ -18,6 +19,7 @@ where shapes alone cannot tell, the description's ``version`` decide:
 | W4A16 per channel, ``version`` 1.0.0 | (out, in/2) | pairs along ``in`` |
 | W4A16 per group, ``version`` 1.0.0 | (out/2, in) | pairs along ``out`` |
 | W4A16, no version | (out, in) | one code per byte |
+| W4A4_DYNAMIC (ascendv1 saver) | (out, in) | one code per byte |
 
 Sources: msmodelslim 26.1.0 ``llm_ptq_tools/save/complex_quantifier.py`` (``_w4a16_pack_int4``,
 ``_w4a8_pack_int4``, the two-stage export) and ``modelslim_v1/save/ascendv1.py``
@@ -34,6 +36,8 @@ Arithmetic:
   writes W4A8 symmetric (zero ``weight_offset`` and ``weight_offset_second``) and vllm-ascend
   ignores both; a nonzero one is refused rather than guessed at.
 - W4A16: ``w = (q - weight_offset) * weight_scale``, asymmetric (offsets are nonzero).
+- W4A4_DYNAMIC: ``w = (q - weight_offset) * weight_scale``, per channel or per group of ``in``
+  (symmetric exports write zero offsets, asymmetric ones nonzero).
 
 Memory: unpacking makes one int8 copy of one tensor (int16 for the two-stage form, see
 ``_TwoStageCodes``); the fp32 work stays in ``AffineDecoder``'s row blocks.
@@ -102,6 +106,7 @@ class _OneCodePerByte:
     tensor: str
     file: str
     why: str  # what made the plan read the weight as one code per byte
+    hint: str = ""  # what to do instead of the default (restore the description's version)
 
     def __call__(self, codes: torch.Tensor) -> torch.Tensor:
         if codes.numel() and (int(codes.min()) < INT4_MIN or int(codes.max()) > INT4_MAX):
@@ -112,7 +117,8 @@ class _OneCodePerByte:
                     f"is read as one int4 code per byte ({self.why}), but holds values in "
                     f"[{int(codes.min())}, {int(codes.max())}], outside int4"
                 ),
-                hint=(
+                hint=self.hint
+                or (
                     "the weight is packed two codes a byte: restore the description's "
                     f'"version": "{PACKED_VERSION}", or re-export the checkpoint'
                 ),
@@ -212,6 +218,7 @@ class W4A8Dynamic(Scheme):
         raw_scale = require(weight, values, "weight_scale", self.types[0])
         out = _out_features(weight, raw_scale, self.types[0])
         rows, cols = weight.shape[-2:]
+        inner: _PackedCodes | _OneCodePerByte
         if rows * 2 == out:
             inner = _PackedCodes(OUT_AXIS)
         elif rows == out:
@@ -272,6 +279,7 @@ class W4A16Int4(Scheme):
         per_group = raw_scale.ndim == len(weight.shape) and raw_scale.shape[-1] > 1
         packed = format_version == PACKED_VERSION
         rows, cols = weight.shape[-2:]
+        inner: _PackedCodes | _OneCodePerByte
         if rows * 2 == out:
             inner, logical = _PackedCodes(OUT_AXIS), (out, cols)
         elif rows != out:
@@ -288,3 +296,37 @@ class W4A16Int4(Scheme):
         shape = (*weight.shape[:-2], *logical)
         scale, offset = scale_and_offset(weight, shape, raw_scale, values, group_size)
         return AffineDecoder(weight.name, weight.file, shape, scale, offset, inner)
+
+
+@register_scheme
+class W4A4Dynamic(Scheme):
+    """W4A4_DYNAMIC: int4 weights stored one code per int8 byte (out, in), with
+    ``weight_scale`` and ``weight_offset`` per channel (out, 1) or per group (out, in/G).
+
+    msmodelslim 26.1.0 writes ``module.weight.to(torch.int8)`` unpacked
+    (``ascendv1.py`` ``on_w4a4_dynamic_per_channel`` / ``_per_group``), symmetric or
+    asymmetric (``int4_per_channel_asym`` / ``int4_per_group_asym``), so the offset is applied
+    and a missing one is an error. The (out/2, in) layout sglang reads under
+    ``SGLANG_NPU_W4A4_NEW_PACKING`` is not what this saver writes, and its nibble order is
+    nowhere defined: it is refused.
+    """
+
+    types = ("W4A4_DYNAMIC",)
+    companions = {"weight_scale": FLOAT_STORAGE, "weight_offset": FLOAT_STORAGE}
+
+    def prepare(self, weight, values, group_size, format_version=None):
+        raw_scale = require(weight, values, "weight_scale", self.types[0])
+        require(weight, values, "weight_offset", self.types[0])
+        out = _out_features(weight, raw_scale, self.types[0])
+        if weight.shape[-2] != out:
+            raise _layout_error(
+                weight,
+                self.types[0],
+                out,
+                "msmodelslim 26.1.0 stores W4A4_DYNAMIC one code per int8 byte, (out, in)",
+            )
+        why = "W4A4_DYNAMIC is stored one code per int8 byte"
+        hint = f"the checkpoint is corrupt or not msmodelslim's W4A4_DYNAMIC: {REEXPORT}"
+        unpack = _OneCodePerByte(weight.name, weight.file, why, hint)
+        scale, offset = scale_and_offset(weight, weight.shape, raw_scale, values, group_size)
+        return AffineDecoder(weight.name, weight.file, weight.shape, scale, offset, unpack)

@@ -4,7 +4,8 @@ Usage::
 
     with WriteRecorder(model, from_target=spec.from_target) as writes:
         model.load_weights(stream.apply(weights))        # (plugin.py does this)
-    check_loaded_draft(model, stream, writes, "Qwen3_5ForCausalLMMTP", folder="/ckpt")
+    load = DraftLoad.of("Qwen3_5ForCausalLMMTP", "/ckpt", stream, writes, seconds)
+    check_loaded_draft(model, load)                      # raises, warns or passes
 
 ``SGLANG_MTP_DEQUANT_GUARD`` = ``error`` (default: stop the start-up) | ``warn`` (log the same
 message once and go on) | ``off`` (skip the check).
@@ -25,18 +26,23 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
+from ...errors import SettingError
 from .report import (
     MODE_ENV,
     Finding,
     MisloadedDraftError,
     SourceIndex,
-    sources_from_stream,
 )
 from .values import code_evidence, nonfinite_rows
 from .writes import WriteRecorder
+
+if TYPE_CHECKING:  # the record imports this package's modules; the guard only reads it
+    from ..load_record import DraftLoad
 
 logger = logging.getLogger("sglang_mtp_dequant")
 
@@ -57,15 +63,16 @@ def guard_mode() -> str:
     """The mode from ``SGLANG_MTP_DEQUANT_GUARD``; a typo stops the start-up, not the guard."""
     raw = os.environ.get(MODE_ENV, "error").strip().lower() or "error"
     if raw not in MODES:
-        raise ValueError(
-            f"sglang-mtp-dequant: {MODE_ENV}={os.environ.get(MODE_ENV)!r} is not one of "
-            f"{', '.join(MODES)}. What to do: set it to one of those, or unset it (error)"
+        raise SettingError(
+            setting=MODE_ENV,
+            problem=f"{MODE_ENV}={os.environ.get(MODE_ENV)!r} is not one of {', '.join(MODES)}",
+            hint="set it to one of those, or unset it (error)",
         )
     return raw
 
 
 def inspect_parameters(
-    params: dict[str, torch.Tensor], sources: SourceIndex | None = None
+    params: Mapping[str, torch.Tensor], sources: SourceIndex | None = None
 ) -> list[Finding]:
     """Every float parameter holding codes or NaN, or fed by raw codes nothing decoded."""
     findings = []
@@ -84,13 +91,7 @@ def inspect_parameters(
     return findings
 
 
-def check_loaded_draft(
-    model: torch.nn.Module,
-    stream: object,
-    writes: WriteRecorder,
-    class_name: str,
-    folder: str | None = None,
-) -> list[Finding]:
+def check_loaded_draft(model: torch.nn.Module, load: DraftLoad) -> list[Finding]:
     """Run both checks on a draft sglang just loaded; raise, warn or pass per the mode.
 
     Silent when nothing is found.
@@ -98,8 +99,9 @@ def check_loaded_draft(
     mode = guard_mode()
     if mode == "off":
         return []
+    writes = load.writes
     packed = getattr(model, "packed_modules_mapping", None)
-    sources = SourceIndex(sources_from_stream(stream), packed, writes.fed_by)
+    sources = SourceIndex(load.sources(), packed, writes.fed_by)
     unwritten = writes.unwritten()
     findings = [
         Finding(
@@ -118,7 +120,7 @@ def check_loaded_draft(
     findings += inspect_parameters(written, sources)
     if not findings:
         return []
-    error = MisloadedDraftError(findings, class_name, folder, writes.skipped_names())
+    error = MisloadedDraftError(findings, load.class_name, load.folder, writes.skipped_names())
     if mode == "warn":
         logger.warning("%s (continuing: %s=warn)", error, MODE_ENV)
         return findings

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ...errors import DraftWeightError
-from ...formats.checkpoint import is_code_dtype
+from ...formats.checkpoint import Checkpoint, dtype_name, is_code_dtype
 from ...formats.naming import NameIndex
 from .values import CodeEvidence
 
@@ -36,7 +36,7 @@ class Source:
     def describe(self) -> str:
         facts = []
         if self.dtype is not None:
-            facts.append(str(self.dtype).replace("torch.", ""))
+            facts.append(dtype_name(self.dtype))
         if self.raw_codes:
             facts.append("copied as raw codes")
         if self.description_type:
@@ -66,7 +66,7 @@ class Finding:
     sources: list[Source] = field(default_factory=list)
 
     def describe(self) -> str:
-        dtype = str(self.dtype).replace("torch.", "")
+        dtype = dtype_name(self.dtype)
         if self.unwritten is not None:
             what = f"never written by sglang's loaders ({self.unwritten})"
         elif self.evidence is not None:
@@ -86,28 +86,7 @@ class Finding:
         return f"{self.parameter} [{dtype} {list(self.shape)}]: {what}; {fed}"
 
 
-def sources_from_stream(stream: object) -> list[Source]:
-    """Every draft name a ``DequantizingStream`` handed on, with its dtype, file and type."""
-    plan = getattr(stream, "plan", None)
-    checkpoint = getattr(plan, "checkpoint", None)
-    decoded = set(plan.to_dequantize) if plan is not None else set()
-    streamed: Mapping[str, torch.dtype] = getattr(stream, "streamed", {}) or {}
-    out = []
-    for name, dtype in streamed.items():
-        info = checkpoint.tensors.get(name) if checkpoint is not None else None
-        out.append(
-            Source(
-                name=name,
-                dtype=dtype,
-                file=info.file if info is not None else None,
-                description_type=checkpoint.type_of(name) if checkpoint is not None else None,
-                dequantized=name in decoded and is_code_dtype(dtype),
-            )
-        )
-    return out
-
-
-def sources_from_checkpoint(checkpoint: object) -> list[Source]:
+def sources_from_checkpoint(checkpoint: Checkpoint) -> list[Source]:
     """Every tensor a ``Checkpoint`` recorded, from its headers (no stream to ask)."""
     return [
         Source(info.name, info.dtype, info.file, checkpoint.type_of(info.name))
@@ -181,5 +160,6 @@ class MisloadedDraftError(DraftWeightError):
             file=source.file if source else None,
             problem=problem,
             hint=hint,
+            details=lines.split("\n"),
+            subject="",  # the problem names the draft and its folder
         )
-        self.args = (f"sglang-mtp-dequant: {problem}:\n{lines}\nWhat to do: {hint}",)

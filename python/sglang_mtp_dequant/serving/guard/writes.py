@@ -89,15 +89,15 @@ class WriteRecorder:
             original = getattr(param, "weight_loader", default_weight_loader)
             self._saved.append((param, had, original))
             self._expected[name] = _expected_parts(getattr(original, "__self__", None), name)
-            param.weight_loader = self._recording(name, original)
+            setattr(param, "weight_loader", self._recording(name, original))  # noqa: B010
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         for param, had, original in self._saved:
             if had:
-                param.weight_loader = original
+                setattr(param, "weight_loader", original)  # noqa: B010 - sglang's attribute
             else:
-                del param.weight_loader
+                delattr(param, "weight_loader")
         self._saved.clear()
         self._trace_stacked()
 

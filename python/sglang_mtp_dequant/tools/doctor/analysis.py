@@ -21,13 +21,23 @@ tensors only (never a weight).
 
 from __future__ import annotations
 
+import os
+
 from ...errors import CheckpointFormatError
 from ...formats.checkpoint import Checkpoint, TensorInfo
 from ...formats.config import CheckpointConfig
-from ...formats.naming import mtp_prefix, split_companion
+from ...formats.naming import (
+    QUAROT_FILE,
+    QUAROT_FLAG,
+    QUAROT_TENSOR,
+    mtp_prefix,
+    nextn_layer,
+    split_companion,
+)
 from ...formats.plan import DequantPlan, PlannedTensor
 from ...serving.context import sglang_version
-from ...serving.drafts import DraftSpec, spec_for_architecture
+from ...serving.drafts import DraftSpec, spec_for_architecture, spec_for_class
+from ..preflight import check_model_path
 from ..resolve import resolve_checkpoint
 from .model import Diagnosis, TensorRow
 
@@ -43,19 +53,38 @@ def diagnose(
 
     ``path`` is what sglang gets as ``--model-path``: a folder, a snapshot folder, or a hub id
     in the local cache (``download_dir`` and ``revision`` as sglang's ``--download-dir`` and
-    ``--revision``). ``dry_run=False`` skips building the draft class (no parameter coverage).
+    ``--revision``). ``dry_run=False`` skips building the draft class: no parameter coverage
+    and no answer from the class's own quantization rule (the verdict is then ``unchecked``).
     """
+    from ..cpu_env import forget_stand_ins
+
+    forget_stand_ins()
     report = Diagnosis(requested=path)
+    wrong = check_model_path(path, download_dir=download_dir)
+    if wrong is not None:
+        report.error_kind = wrong.kind
+        report.problems.append(str(wrong))
+        return report
     try:
         source = resolve_checkpoint(path, download_dir=download_dir, revision=revision)
     except CheckpointFormatError as exc:
         report.problems.append(str(exc))
         return report
-    report.folder, report.resolved_by = source.folder, source.how
+    report.folder, report.resolved_by = os.path.abspath(source.folder), source.how
     report.files = len(source.files)
     config = _read_config(report)
     spec = _draft_spec(report, config)
-    is_draft = spec.draft_names(config) if spec is not None else mtp_prefix(config)
+    built = _build(report, source) if dry_run and config is not None else None
+    if built is not None:
+        spec = spec_for_class(type(built.model))
+        report.hooked = spec is not None
+        report.hooked_by = spec.class_name if spec is not None else None
+    elif not dry_run:
+        report.unchecked.append(
+            "the dry run was skipped (--no-dry-run): how sglang builds the draft and whether "
+            "every parameter is filled"
+        )
+    is_draft = _draft_names(spec, built, config)
     try:
         ckpt = Checkpoint.open(source, wanted=is_draft)
         plan = DequantPlan.build(ckpt)
@@ -75,14 +104,119 @@ def diagnose(
             "the checkpoint holds no draft (MTP) tensors: sglang's draft would keep "
             "uninitialised weights; use a checkpoint that includes the MTP layers"
         )
-    codes = [t for t in report.tensors if t.codes]
+    codes = [t for t in report.tensors if t.codes and t.action != "pass"]
+    report.plugin_acts = spec is not None and (built is None or built.quant_config is None)
+    if built is not None and built.quant_config is not None:
+        _left_to_sglang(report, built)
+        codes = []
     if codes and spec is None:
-        report.problems.append(
-            f"{len(codes)} draft tensors hold codes, but this plugin hooks no draft class for "
-            f"architecture {report.architecture!r}; serve the draft quantized "
+        report.unsupported = (
+            f"{len(codes)} draft tensors hold codes, but sglang builds "
+            f"{report.draft_class or 'a draft class'} for architecture {report.architecture!r}, "
+            "which this plugin does not hook (not supported yet): serve the draft quantized "
             "(--speculative-draft-model-quantization) or re-export the MTP layers as FLOAT"
         )
+    _activation(report, needed=bool(codes) and report.plugin_acts)
     report.stock = _stock_summary(report, codes)
+    _notes(report, ckpt, built)
+    if built is not None and report.tensors:
+        if report.plugin_acts and plan.errors:
+            report.unchecked.append(
+                "no dry run of the load: the plugin refuses the tensors above before sglang's "
+                "loaders would see any; run the doctor again once they are fixed"
+            )
+        else:
+            _dry_run(report, built, ckpt, plan if report.plugin_acts else None, spec)
+    return report
+
+
+def _build(report: Diagnosis, source):
+    """sglang's draft on the meta device, or None (said as what could not be checked)."""
+    try:
+        from ..dryrun import build_meta_draft
+
+        built = build_meta_draft(source.folder)
+    except Exception as exc:  # noqa: BLE001 - no build, said so; the rest still stands
+        report.dry_run = f"not run ({type(exc).__name__}: {exc})"
+        report.unchecked.append(
+            "sglang's draft class could not be built on this machine, so neither how sglang "
+            "quantizes the draft nor whether every parameter is filled was checked: "
+            f"{type(exc).__name__}: {exc}"
+        )
+        return None
+    report.draft_class = built.class_name
+    report.draft_dtype = built.dtype  # what sglang's --dtype auto builds
+    report.draft_quantization = built.quantization
+    report.built_quantized = built.quant_config
+    picked = f"sglang's draft ModelConfig picks quantization {built.quantization!r}" + (
+        " (config.json's quantization_config)" if built.quantization else ""
+    )
+    if built.quant_config is None:
+        report.built = (
+            f"{picked}; {built.class_name} is built unquantized (asked as on NPU, with "
+            "--speculative-draft-model-quantization unquant or unset): the plugin's hook acts"
+            if built.quantization is None
+            else f"{picked}; {built.class_name}'s own rule builds it unquantized (asked as on "
+            "NPU, the draft quantization unset): the plugin's hook acts"
+        )
+    else:
+        report.built = (
+            f"{picked}; {built.class_name} is built quantized ({built.quant_config}): its "
+            "quantized layers consume the codes, and the plugin's hook leaves the load to sglang"
+        )
+    return built
+
+
+def _draft_names(spec, built, config):
+    if spec is not None:
+        return spec.draft_names(built.model if built is not None else config)
+    if built is not None and _is_nextn(built.class_name):
+        return nextn_layer(built.model)
+    return mtp_prefix(config)
+
+
+def _is_nextn(class_name: str) -> bool:
+    return "NextN" in class_name
+
+
+def _left_to_sglang(report: Diagnosis, built) -> None:
+    """A draft sglang builds quantized: its codes go to sglang's quantized layers."""
+    for row in report.tensors:
+        if row.codes and row.action != "pass":
+            row.action = "pass"
+            row.reason = (
+                f"{row.format or 'codes'} for sglang's {built.quant_config} layers (the draft is "
+                "built quantized); the plugin does not touch it"
+            )
+            row.problem = row.hint = ""
+            row.stock = "loaded by sglang's quantized layers"
+
+
+def _activation(report: Diagnosis, needed: bool) -> None:
+    try:
+        from ..activation import plugin_activation
+
+        found = plugin_activation()
+    except Exception as exc:  # noqa: BLE001 - sglang's plugin loader itself failed
+        report.plugin_activation = f"not asked ({type(exc).__name__}: {exc})"
+        if needed:
+            report.unchecked.append(f"whether sglang would load the plugin: {exc}")
+        return
+    report.plugin_active = found.active
+    report.plugin_activation = found.why
+    report.notes.extend(found.notes)
+    if not found.active:
+        if needed:
+            report.inactive = (
+                f"the draft needs the plugin, but sglang here would not load it: {found.why}"
+            )
+        else:
+            report.notes.append(f"sglang here would not load the plugin: {found.why}")
+
+
+def _notes(report: Diagnosis, ckpt: Checkpoint, built) -> None:
+    from ..cpu_env import stand_ins_used
+
     described_float = [
         t.name
         for t in report.tensors
@@ -94,33 +228,69 @@ def diagnose(
             f"(e.g. {described_float[0]}): passed to sglang as they are; the misload guard "
             "checks their values when sglang loads them (codes stored as floats are refused)"
         )
-    if spec is not None and dry_run and report.tensors:
-        if plan.errors:
-            report.notes.append(
-                "no dry run of the draft class: the plugin refuses the tensors above before "
-                "sglang's loaders would see any; run the doctor again once they are fixed"
-            )
-        else:
-            _dry_run(report, source, ckpt, plan, spec)
-    return report
+    passed = [t for t in report.tensors if t.action == "pass" and t.name and not t.codes]
+    attention = [t for t in report.tensors if t.action == "pass" and "attention" in t.reason]
+    if attention:
+        report.notes.append(
+            f"{len(attention)} FA3/C8 attention-quantization tensor(s) (e.g. "
+            f"{attention[0].name}) are no weights: left to sglang, which has no parameter for "
+            "them in an unquantized draft"
+        )
+    del passed
+    _quarot_note(report, ckpt, built)
+    if ckpt.declared is not None:
+        report.notes.append(
+            f"config.json declares {ckpt.declared.label} quantization (not a ModelSlim export)"
+        )
+    for note in stand_ins_used().values():
+        report.notes.append(note)
 
 
-def _dry_run(report: Diagnosis, source, ckpt: Checkpoint, plan: DequantPlan, spec: DraftSpec):
+def _quarot_note(report: Diagnosis, ckpt: Checkpoint, built) -> None:
+    flag = ckpt.description_flags.get(QUAROT_FLAG)
+    rot = os.path.join(ckpt.folder, QUAROT_FILE)
+    if not flag and not os.path.isfile(rot):
+        return
+    where = f"{QUAROT_FILE} ({QUAROT_TENSOR})" if os.path.isfile(rot) else "no " + QUAROT_FILE
+    said = f"QuaRot: the description says {QUAROT_FLAG}={flag!r}, the folder holds {where}"
+    if built is not None and built.applies_rotation():
+        report.notes.append(
+            f"{said}; left to sglang: {built.class_name} rotates the target's hidden states "
+            f"with it itself on NPU (deepseek_nextn.py reads <model path>/{QUAROT_FILE}); the "
+            "plugin does not touch it"
+        )
+    else:
+        name = built.class_name if built is not None else (report.draft_class or "the draft")
+        report.notes.append(
+            f"{said}; left to sglang, but sglang 0.5.23's {name} has no step that applies it "
+            "(only DeepSeek's NextN draft reads it): its hidden-state input stays rotated"
+        )
+
+
+def _dry_run(report: Diagnosis, built, ckpt: Checkpoint, plan, spec) -> None:
     try:
         from ..dryrun import simulate_load
 
-        coverage = simulate_load(source, ckpt, plan, spec)
+        coverage = simulate_load(built, ckpt, plan, spec)
     except Exception as exc:  # noqa: BLE001 - no coverage, said so; the rest still stands
         report.dry_run = f"not run ({type(exc).__name__}: {exc})"
-        report.notes.append(
-            "no dry run of the draft class, so no check that every parameter is filled: "
-            f"{type(exc).__name__}: {exc}"
+        report.unchecked.append(
+            "sglang's loader could not be dry-run, so no check that every parameter is "
+            f"filled: {type(exc).__name__}: {exc}"
         )
         return
-    report.dry_run = f"{coverage.class_name} on the meta device"
-    report.draft_dtype = coverage.dtype  # what sglang's --dtype auto builds
+    how = "through the plugin's stream" if plan is not None else "as stock sglang"
+    report.dry_run = f"{coverage.class_name} on the meta device, {how}"
     report.unfilled = coverage.unwritten
     report.skipped = coverage.skipped
+    # an unhooked class: the misload is why the draft is unsupported, said beside it
+    found = report.notes if spec is None and built.quant_config is None else report.problems
+    for parameter, sources in coverage.codes_in_float.items():
+        found.append(
+            f"{parameter} is a float parameter of {coverage.class_name}, but stock sglang copies "
+            f"the raw codes of {', '.join(sources)} into it (the plugin does not act on this "
+            "draft): the draft proposes garbage; export that layer unquantized"
+        )
 
 
 # -- the pieces ------------------------------------------------------------------------------
@@ -132,7 +302,7 @@ def _read_config(report: Diagnosis) -> CheckpointConfig | None:
     except CheckpointFormatError as exc:
         report.problems.append(f"{exc.file} {exc.problem}")
         return None
-    report.draft_dtype = config.dtype or report.draft_dtype
+    report.draft_dtype = config.dtype
     return config
 
 
@@ -145,7 +315,7 @@ def _draft_spec(report: Diagnosis, config: CheckpointConfig | None) -> DraftSpec
         return None
     spec = spec_for_architecture(report.architecture)
     if spec is not None:
-        report.draft_class = spec.class_name
+        report.draft_class = report.hooked_by = spec.class_name
         report.hooked = True
     return spec
 
@@ -179,10 +349,11 @@ def _row(entry: PlannedTensor) -> TensorRow:
         companions=sorted(c.name for c in entry.companions.values()),
         action=entry.action,
         reason=entry.reason,
-        stock=_stock_for(entry),
+        stock=_stock_for(entry) if entry.action != "pass" else "passed to sglang by name",
         problem=entry.error.problem if entry.error is not None else "",
         hint=entry.error.hint if entry.error is not None else "",
         codes=info.holds_codes,
+        format=entry.format,
     )
 
 
@@ -218,15 +389,14 @@ def _stock_summary(report: Diagnosis, integer: list[TensorRow]) -> str:
     version = f"stock sglang {sglang_version()}"
     if not report.tensors:
         return f"{version} finds no draft tensors to load"
+    if report.built_quantized:
+        return f"{version} builds {draft} quantized ({report.built_quantized}), as with the plugin"
     if not integer:
         return f"{version} loads every {draft} tensor as the float it is: nothing to fix"
     silent = [t for t in integer if t.stock == STOCK_SILENT]
     loud = sum(t.stock == STOCK_LOUD for t in integer)
     unknown = len(integer) - len(silent) - loud
-    said = [
-        f"{version} builds {draft} unquantized (unless --speculative-draft-model-"
-        "quantization is given)"
-    ]
+    said = [f"{version} builds {draft} unquantized"]
     if silent:
         said.append(
             f"copies the codes of {len(silent)} draft tensor(s) into "

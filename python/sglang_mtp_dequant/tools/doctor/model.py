@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-#: version of the JSON layout ``Diagnosis.to_json`` writes (2: resolution, coverage)
-SCHEMA_VERSION = 2
+from ..verdicts import DOCTOR_SCHEMA_VERSION, ERROR, INACTIVE, OK, UNCHECKED, UNSUPPORTED
+
+#: version of the JSON layout ``Diagnosis.to_json`` writes (2: resolution, coverage; 3: how
+#: sglang builds the draft, the plugin's activation, verdict reasons, the pass action)
+SCHEMA_VERSION = DOCTOR_SCHEMA_VERSION
 
 
 @dataclass
@@ -19,12 +22,13 @@ class TensorRow:
     description: str | None
     scheme: str | None
     companions: list[str]
-    action: str  # dequantize | keep | error
+    action: str  # dequantize | keep | pass | error
     reason: str
     stock: str
     problem: str = ""  # the short form of an error reason, for the table
     hint: str = ""  # what to do about an error, for the grouped notes under the table
     codes: bool = False  # the header's dtype holds codes (TensorInfo.holds_codes)
+    format: str | None = None  # a foreign format (compressed-tensors, ModelOpt), if any
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -37,6 +41,7 @@ class TensorRow:
             "action": self.action,
             "reason": self.reason,
             "stock": self.stock,
+            "format": self.format,
         }
 
 
@@ -48,9 +53,21 @@ class Diagnosis:
     folder: str = ""
     resolved_by: str = ""
     architecture: str | None = None
-    draft_class: str | None = None
+    draft_class: str | None = None  # the class sglang builds (or would, from the architecture)
+    hooked_by: str | None = None  # the hooked class whose load_weights runs for it
     hooked: bool = False
-    draft_dtype: str = "bfloat16"
+    draft_dtype: str | None = None  # from config.json or the dry run; never guessed
+    #: sglang's draft ModelConfig quantization, and what the built class keeps
+    draft_quantization: str | None = None
+    built_quantized: str | None = None
+    built: str = ""  # how sglang builds the draft, one sentence
+    plugin_acts: bool = False
+    plugin_active: bool | None = None  # sglang would load the plugin here (None: not asked)
+    plugin_activation: str = ""
+    error_kind: str | None = None  # an input error (tools/preflight.KINDS)
+    unchecked: list[str] = field(default_factory=list)  # what could not be checked, and why
+    unsupported: str = ""
+    inactive: str = ""
     description_file: str | None = None
     files: int = 0
     stock: str = ""
@@ -65,11 +82,38 @@ class Diagnosis:
     @property
     def verdict(self) -> str:
         if self.problems or self.unfilled or any(t.action == "error" for t in self.tensors):
-            return "error"
-        return "ok"
+            return ERROR
+        if self.inactive:
+            return INACTIVE
+        if self.unsupported:
+            return UNSUPPORTED
+        if self.unchecked:
+            return UNCHECKED
+        return OK
+
+    @property
+    def reason(self) -> str:
+        """Why the verdict is what it is, in one line."""
+        verdict = self.verdict
+        if verdict == ERROR:
+            return "this draft cannot be served as it is (see the problems above)"
+        if verdict == INACTIVE:
+            return self.inactive
+        if verdict == UNSUPPORTED:
+            return self.unsupported
+        if verdict == UNCHECKED:
+            return "nothing wrong found, but not checked: " + "; ".join(self.unchecked)
+        if not self.plugin_acts and any(t.action == "pass" and t.codes for t in self.tensors):
+            return (
+                f"sglang builds the draft quantized ({self.built_quantized}); the plugin "
+                "leaves it alone"
+            )
+        if any(t.action == "dequantize" for t in self.tensors):
+            return "the plugin loads this draft as correct float weights"
+        return "the draft is float already; the plugin changes nothing"
 
     def counts(self) -> dict[str, int]:
-        out = {"dequantize": 0, "keep": 0, "error": 0}
+        out = {"dequantize": 0, "keep": 0, "pass": 0, "error": 0}
         for row in self.tensors:
             out[row.action] += 1
         return out
@@ -78,13 +122,23 @@ class Diagnosis:
         return {
             "schema_version": SCHEMA_VERSION,
             "verdict": self.verdict,
+            "reason": self.reason,
+            "error_kind": self.error_kind,
             "requested": self.requested,
-            "folder": self.folder,
-            "resolved_by": self.resolved_by,
+            "folder": self.folder or None,
+            "resolved_by": self.resolved_by or None,
             "architecture": self.architecture,
             "draft_class": self.draft_class,
+            "hooked_by": self.hooked_by,
             "hooked": self.hooked,
             "draft_dtype": self.draft_dtype,
+            "draft_quantization": self.draft_quantization,
+            "built_quantized": self.built_quantized,
+            "built": self.built,
+            "plugin_acts": self.plugin_acts,
+            "plugin_active": self.plugin_active,
+            "plugin_activation": self.plugin_activation,
+            "unchecked": self.unchecked,
             "description_file": self.description_file,
             "safetensors_files": self.files,
             "counts": self.counts(),

@@ -31,14 +31,29 @@ def render_text(report: Diagnosis) -> str:
     lines = [f"sglang-mtp-dequant doctor: {report.requested}"]
     if report.folder:
         lines.append(f"  resolved: {report.folder} ({report.resolved_by})")
-    lines.append(
-        f"  architecture: {report.architecture or '?'} -> draft class "
-        f"{report.draft_class or '(none this plugin hooks)'}"
-        + (" (hooked by this plugin)" if report.hooked else "")
-    )
+    if report.folder or report.architecture:
+        hooked = ""
+        if report.hooked:
+            hooked = (
+                " (hooked by this plugin)"
+                if report.hooked_by in (None, report.draft_class)
+                else f" (hooked by this plugin through {report.hooked_by}.load_weights)"
+            )
+        lines.append(
+            f"  architecture: {report.architecture or '?'} -> draft class "
+            f"{report.draft_class or '(none this plugin hooks)'}{hooked}"
+        )
+    if report.built:
+        lines.append(f"  built: {report.built}")
+    if report.plugin_activation:
+        state = {True: "active", False: "NOT active", None: "unknown"}[report.plugin_active]
+        lines.append(f"  plugin in this sglang: {state} ({report.plugin_activation})")
     if report.description_file:
         lines.append(f"  description: {os.path.basename(report.description_file)}")
-    lines.append(f"  safetensors files: {report.files}; draft dtype: {report.draft_dtype}")
+    if report.folder:
+        lines.append(
+            f"  safetensors files: {report.files}; draft dtype: {report.draft_dtype or '?'}"
+        )
     lines.append("")
     if report.tensors:
         table = [_COLUMNS] + [_cells(r) for r in report.tensors]
@@ -48,9 +63,10 @@ def render_text(report: Diagnosis) -> str:
             lines.append(f"{left}  {cells[-1]}")
         counts = report.counts()
         lines.append("")
+        passed = f"{counts['pass']} pass (left to sglang), " if counts["pass"] else ""
         lines.append(
             f"  {len(report.tensors)} draft tensors: {counts['dequantize']} dequantize, "
-            f"{counts['keep']} keep, {counts['error']} error"
+            f"{counts['keep']} keep, {passed}{counts['error']} error"
         )
     if report.stock:
         lines.append(f"  stock: {report.stock}")
@@ -73,17 +89,10 @@ def render_text(report: Diagnosis) -> str:
         lines.append(f"  skipped by the draft class: {shown}{more}")
     for note in report.notes:
         lines.append(f"  note: {note}")
+    for item in report.unchecked:
+        lines.append(f"  unchecked: {item}")
     for problem in report.problems:
         lines.append(f"  problem: {problem}")
     lines.append("")
-    if report.verdict == "ok":
-        lines.append(
-            "verdict: ok - the plugin loads this draft as correct float weights"
-            if any(r.action == "dequantize" for r in report.tensors)
-            else "verdict: ok - the draft is float already; the plugin changes nothing"
-        )
-    else:
-        lines.append(
-            "verdict: error - this draft cannot be served unquantized as it is (see above)"
-        )
+    lines.append(f"verdict: {report.verdict} - {report.reason}")
     return "\n".join(lines)

@@ -10,11 +10,13 @@ Split by concern: ``independent`` (the independent dequantizer), ``run`` (buildi
 the draft through sglang, comparing), ``report`` (the text).
 """
 
+from ..verdicts import VERIFY_SCHEMA_VERSION as SCHEMA_VERSION
 from .independent import independent_dequantize
 from .report import render_verify
 from .run import ParamRow, VerifyReport, run_verify, spec_for_class
 
 __all__ = [
+    "SCHEMA_VERSION",
     "ParamRow",
     "VerifyReport",
     "independent_dequantize",

@@ -17,6 +17,10 @@ these straightforward whole-tensor fp32 formulas, written from ModelSlim's forma
   ``(q - offset) * scale``
 - float8 with ``weight_scale_inv`` (one per 128 x 128 block, power-of-two blocks) or
   ``weight_scale`` (per tensor or channel): ``q * scale``
+- MX (a uint8 E8M0 ``weight_scale``, one per 32 inputs): float8_e4m3fn codes, or uint8 bytes of
+  two e2m1 codes (even column low nibble), times ``2 ** (byte - 127)``, times
+  ``weight_dual_scale`` per power-of-two block for W4A4_MXFP4_DUALSCALE; computed in float64
+  (exact), rounded to f32 once
 """
 
 from __future__ import annotations
@@ -75,6 +79,8 @@ def independent_dequantize(
         if n in tensors
     }
     scale = companion.get("weight_scale")
+    if scale is not None and scale.dtype == torch.uint8:
+        return _mx(q, scale, companion.get("weight_dual_scale"))
     if q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         return _float8(q, companion)
     if q.dtype != torch.int8:
@@ -82,12 +88,14 @@ def independent_dequantize(
     if described in ("W4A8_DYNAMIC", "W4A16"):
         if scale is None:
             return None
-        q = _int4_codes(q, scale, described, version)
-        if q is None:
+        unpacked = _int4_codes(q, scale, described, version)
+        if unpacked is None:
             return None
+        q = unpacked
         second = companion.get("weight_scale_second")
         if second is not None:
-            return (q.float() * _expand(second, *q.shape)) * _expand(scale, *q.shape)
+            s2, s = _expand(second, *q.shape), _expand(scale, *q.shape)
+            return None if s2 is None or s is None else (q.float() * s2) * s
     rows, cols = q.shape
     if scale is not None:
         s = _expand(scale, rows, cols)
@@ -139,3 +147,31 @@ def _power_of_two_block(length: int, blocks: int) -> int | None:
         if -(-length // size) == blocks and (blocks == 1 or size < length):
             return size
     return None
+
+
+#: e2m1 magnitudes of nibbles 0..7 (bit 3 is the sign): OCP FP4
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+
+
+def _mx(q: torch.Tensor, exponents: torch.Tensor, dual: torch.Tensor | None) -> torch.Tensor | None:
+    """An MX weight in float64, rounded to f32 once; None for shapes that fit no rule."""
+    if q.dtype == torch.uint8:
+        nibbles = torch.stack(((q & 0xF).long(), (q >> 4).long()), dim=-1).reshape(q.shape[0], -1)
+        values = _E2M1[nibbles & 0x7] * torch.where(nibbles >= 8, -1.0, 1.0).double()
+    elif q.dtype == torch.float8_e4m3fn:
+        values = q.double()
+    else:
+        return None
+    rows, cols = values.shape
+    blocks = -(-cols // 32)
+    if tuple(exponents.shape) != (rows, blocks) or bool((exponents == 255).any()):
+        return None
+    scale = torch.pow(2.0, exponents.double() - 127).repeat_interleave(32, dim=1)[:, :cols]
+    w = values * scale
+    if dual is not None:
+        dual = dual.double().reshape(rows, -1)
+        size = _power_of_two_block(cols, dual.shape[1]) if dual.shape[1] > 1 else cols
+        if size is None:
+            return None
+        w = w * dual.repeat_interleave(size, dim=1)[:, :cols]
+    return w.float()

@@ -43,6 +43,11 @@ def _check(row) -> str:
 
 
 def render_verify(report: VerifyReport) -> str:
+    if not report.rows and (report.class_name == "?" or report.unsupported or report.inactive):
+        lines = [f"sglang-mtp-dequant verify: {report.requested}"]
+        lines += [f"  problem: {p}" for p in report.problems]
+        lines += ["", f"verdict: {report.verdict} - {report.reason}"]
+        return "\n".join(lines)
     lines = [
         f"sglang-mtp-dequant verify: {report.requested}",
         f"  resolved: {report.folder} ({report.resolved_by})",
@@ -91,14 +96,7 @@ def render_verify(report: VerifyReport) -> str:
         lines.append(f"  plugin load refused: {report.plugin_error}")
     for problem in report.problems:
         lines.append(f"  problem: {problem}")
-    quantized = [r for r in report.rows if r.quantized]
-    if report.ok:
-        lines.append(
-            f"verdict: ok - {report.checked} draft parameters equal the reference bit for bit "
-            f"({len(quantized)} of them decoded from codes)"
-        )
-    elif report.checked == 0 and not report.plugin_error and not report.problems:
-        lines.append("verdict: error - no draft parameter could be checked")
-    else:
-        lines.append("verdict: error - the plugin did not produce a correct draft (see above)")
+    for note in report.notes:
+        lines.append(f"  note: {note}")
+    lines.append(f"verdict: {report.verdict} - {report.reason}")
     return "\n".join(lines)

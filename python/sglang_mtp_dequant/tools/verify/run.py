@@ -32,17 +32,27 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any, cast
 
 import torch
 
-from ...formats.checkpoint import Checkpoint, is_code_dtype
+from ...formats.checkpoint import Checkpoint, dtype_name, is_code_dtype
 from ...formats.plan import DequantPlan
 from ...serving import context
-from ...serving.drafts import DRAFT_SPECS, DraftSpec
+from ...serving.drafts import DraftSpec, spec_for_class
 from ...serving.guard import WriteRecorder
 from ...serving.plugin import bypassed
+from ..preflight import check_model_path, check_reference, reference_names
 from ..resolve import resolve_checkpoint
+from ..verdicts import (
+    ERROR,
+    INACTIVE,
+    OK,
+    UNCHECKED,
+    UNSUPPORTED,
+    VERIFY_SCHEMA_VERSION,
+)
 from .independent import independent_dequantize
 
 Weights = Iterable[tuple[str, torch.Tensor]]
@@ -71,7 +81,7 @@ class VerifyReport:
     folder: str = ""
     resolved_by: str = ""
     class_name: str = "?"
-    dtype: str = "bfloat16"
+    dtype: str | None = None
     estimated_bytes: int = 0
     shared_bytes: int = 0
     files_streamed: list[str] = field(default_factory=list)
@@ -81,26 +91,80 @@ class VerifyReport:
     stock_error: str | None = None
     plugin_error: str | None = None
     problems: list[str] = field(default_factory=list)
+    unsupported: str = ""  # the class sglang builds is not one the plugin hooks
+    inactive: str = ""  # sglang's load_plugins() did not install the plugin's hook
+    notes: list[str] = field(default_factory=list)
 
     @property
     def checked(self) -> int:
         return sum(r.check == "exact" for r in self.rows)
 
     @property
+    def mismatched(self) -> list[ParamRow]:
+        return [r for r in self.rows if r.check == "mismatch"]
+
+    @property
+    def verdict(self) -> str:
+        if self.problems or self.plugin_error or self.mismatched:
+            return ERROR
+        if self.inactive:
+            return INACTIVE
+        if self.unsupported:
+            return UNSUPPORTED
+        if self.checked == 0 or any(r.quantized and r.check != "exact" for r in self.rows):
+            return UNCHECKED
+        return OK
+
+    @property
     def ok(self) -> bool:
-        if self.problems or self.plugin_error or self.checked == 0:
-            return False
-        return all(r.check == "exact" for r in self.rows if r.quantized or r.check == "mismatch")
+        return self.verdict == OK
 
+    @property
+    def reason(self) -> str:
+        quantized = [r for r in self.rows if r.quantized]
+        verdict = self.verdict
+        if verdict == OK:
+            return (
+                f"{self.checked} draft parameters equal the reference bit for bit "
+                f"({len(quantized)} of them decoded from codes)"
+            )
+        if verdict == ERROR:
+            if self.problems and not self.rows:
+                return self.problems[0]
+            return "the plugin did not produce a correct draft (see above)"
+        if verdict == INACTIVE:
+            return self.inactive
+        if verdict == UNSUPPORTED:
+            return self.unsupported
+        if self.checked == 0:
+            return "no draft parameter could be checked"
+        unchecked = [r.parameter for r in quantized if r.check != "exact"]
+        return (
+            f"{len(unchecked)} parameter(s) decoded from codes could not be compared (e.g. "
+            f"{unchecked[0]}: {next(r.why for r in quantized if r.check != 'exact')})"
+        )
 
-def spec_for_class(cls: type) -> DraftSpec | None:
-    """The hooked spec whose ``load_weights`` runs for draft class ``cls`` (itself or a base)."""
-    names = {f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__}
-    for spec in DRAFT_SPECS:
-        owner = spec.target.rsplit(".", 1)[0]
-        if owner in names or names & set(spec.inherited_by):
-            return spec
-    return None
+    def to_json(self) -> dict:
+        return {
+            "schema_version": VERIFY_SCHEMA_VERSION,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "requested": self.requested,
+            "folder": self.folder or None,
+            "resolved_by": self.resolved_by or None,
+            "draft_class": self.class_name if self.class_name != "?" else None,
+            "draft_dtype": self.dtype,
+            "estimated_bytes": self.estimated_bytes,
+            "shared_bytes": self.shared_bytes,
+            "files_streamed": self.files_streamed,
+            "files_total": self.files_total,
+            "reference": self.reference,
+            "stock_error": self.stock_error,
+            "plugin_error": self.plugin_error,
+            "problems": self.problems,
+            "notes": self.notes,
+            "parameters": [asdict(r) for r in self.rows],
+        }
 
 
 def run_verify(
@@ -115,8 +179,16 @@ def run_verify(
     from ..cpu_sglang import build_draft, draft_model_config, prepare_cpu_process, sglang_weights
 
     report = VerifyReport(requested=path, reference=reference)
+    wrong = check_model_path(path, download_dir=download_dir)
+    if wrong is None and reference is not None:
+        wrong = check_reference(reference)
+    if wrong is not None:  # before anything is imported or loaded
+        report.problems.append(str(wrong))
+        return report
+    if reference is not None:
+        report.reference = reference = os.path.abspath(reference)
     source = resolve_checkpoint(path, download_dir=download_dir, revision=revision)
-    report.folder, report.resolved_by = source.folder, source.how
+    report.folder, report.resolved_by = os.path.abspath(source.folder), source.how
     report.files_total = len(source.files)
     say(f"resolved {path} -> {source.folder} ({source.how})")
     prepare_cpu_process(source.folder)
@@ -124,21 +196,22 @@ def run_verify(
 
     load_plugins()
     model_config = draft_model_config(source.folder)
-    report.dtype = str(model_config.dtype).replace("torch.", "")
+    report.dtype = dtype_name(model_config.dtype)
     shapes = build_draft(model_config, device="meta")
     report.class_name = type(shapes).__name__
     spec = spec_for_class(type(shapes))
     if spec is None:
-        report.problems.append(
+        report.unsupported = (
             f"sglang builds {report.class_name} for this checkpoint's architecture, a draft "
-            "class whose load_weights this plugin does not hook: nothing to verify"
+            "class this plugin does not hook (not supported yet): nothing to verify"
         )
         return report
     if spec.target not in context.registered_targets():
-        report.problems.append(
-            f"sglang's load_plugins() did not hook {spec.target}: is the package installed "
-            "(pip install -e .) and allowed by SGLANG_PLUGINS?"
-        )
+        from ..activation import plugin_activation
+
+        found = plugin_activation()
+        why = found.why if not found.active else "sglang loaded it, but its hook is not applied"
+        report.inactive = f"sglang's load_plugins() did not hook {spec.target}: {why}"
         return report
     shared = [n for n, _ in shapes.named_parameters() if _from_target(n, spec)]
     report.estimated_bytes = _bytes(p for _, p in shapes.named_parameters())
@@ -152,10 +225,19 @@ def run_verify(
     if len(draft_files) == 1:
         # sglang's own file filter: its loader globs this (relative) name only. It stops at the
         # first pattern that matches, so several files cannot be named one pattern each.
-        model.allow_patterns_overrides = [os.path.relpath(draft_files[0], source.folder)]
+        cast(Any, model).allow_patterns_overrides = [os.path.relpath(draft_files[0], source.folder)]
         report.files_streamed = draft_files
     else:
         report.files_streamed = list(source.files)
+    if reference is not None:
+        decoded = set(plan.to_dequantize)
+        if decoded and not decoded & reference_names(reference):
+            report.problems.append(
+                f"{reference} (--reference) holds none of the {len(decoded)} draft tensors the "
+                f"plugin decodes (e.g. {sorted(decoded)[0]}): pass the file of the original "
+                "float draft tensors, under the checkpoint's names"
+            )
+            return report
     companions = ckpt.read_many(
         c for entry in plan.to_dequantize.values() for c in entry.companions.values()
     )
@@ -168,8 +250,8 @@ def run_verify(
     report.stock_error = stock.error
     say("reference load (independent dequantization, stock load_weights)")
     unverifiable: set[str] = set()
-    decoded = _reference_stream(weights(), plan, companions, model_config.dtype, unverifiable)
-    expected = _load(model, spec, decoded, hooked=False)
+    independent = _reference_stream(weights(), plan, companions, model_config.dtype, unverifiable)
+    expected = _load(model, spec, independent, hooked=False)
     if expected.error:
         report.problems.append(f"the reference load failed: {expected.error}")
     floats = None
@@ -220,7 +302,7 @@ def _load(model: torch.nn.Module, spec: DraftSpec, weights: Weights, *, hooked: 
     with WriteRecorder(model, spec.from_target) as writes:
         try:
             with contextlib.nullcontext() if hooked else bypassed():
-                model.load_weights(_observed(weights, writes, is_draft))
+                cast(Any, model).load_weights(_observed(weights, writes, is_draft))
         except Exception as exc:  # noqa: BLE001 - a load that stops is a finding, reported
             error = f"{type(exc).__name__}: {exc}"
     values = {n: writes.params[n].detach().clone() for n in writes.written_parameters()}

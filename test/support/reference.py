@@ -10,6 +10,7 @@ import glob
 import json
 import os
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 
@@ -187,30 +188,159 @@ def quantize_w8a8_dynamic(w: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"weight": q, "weight_scale": scale, "weight_offset": torch.zeros_like(scale)}
 
 
-def write_modelslim_checkpoint(
-    folder: str,
-    tensors: dict[str, torch.Tensor],
-    description: dict[str, str],
-    *,
-    version: str | None = "1.0.0",
-    group_size: int = 0,
-    model_quant_type: str = "W8A8_DYNAMIC",
-) -> str:
-    """One ``quant_model_weights.safetensors`` (V1 with ``part_file_size: 0``: no index) and a
-    ``quant_model_description.json``, as msmodelslim's ascendv1 saver lays them out."""
-    from safetensors.torch import save_file
+# -- MX, W4A4_DYNAMIC, WFP8AFP8_DYNAMIC: written from msmodelslim 26.1.0's saver ----------------
+# (``modelslim_v1/save/ascendv1.py``: E8M0 ``weight_scale`` = shared exponent + 127 as uint8 per
+# 32 inputs; ``save/utils/pack.py`` ``pack_fp4_to_uint8``: bit 3 sign, bits 0-2 index
+# 0, 0.5, 1, 1.5, 2, 3, 4, 6, row-major pairs, the first in the low nibble). Every value here is
+# decoded from its bit fields in float64 (exact for these products), then rounded to f32 once.
 
-    os.makedirs(folder, exist_ok=True)
-    save_file(
-        {k: v.contiguous() for k, v in tensors.items()},
-        os.path.join(folder, "quant_model_weights.safetensors"),
-        metadata={"format": "pt"},
-    )
-    desc = dict(description)
-    desc["model_quant_type"] = model_quant_type
-    if version is not None:
-        desc["version"] = version
-    desc["group_size"] = group_size
-    with open(os.path.join(folder, "quant_model_description.json"), "w") as handle:
-        json.dump(desc, handle, indent=1)
-    return folder
+MX_BLOCK = 32
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal dtype, shape and bit pattern (``torch.equal`` takes -0.0 for 0.0 and fails NaN)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]
+    return torch.equal(a.contiguous().view(view), b.contiguous().view(view))
+
+
+def e4m3_value(byte: int) -> float:
+    """An OCP float8 E4M3 (fn) byte: sign, 4 exponent bits (bias 7), 3 mantissa bits;
+    exponent 0 is subnormal, S.1111.111 is NaN (no infinities)."""
+    sign = -1.0 if byte & 0x80 else 1.0
+    exponent, mantissa = (byte >> 3) & 0xF, byte & 0x7
+    if exponent == 0xF and mantissa == 0x7:
+        return float("nan")
+    if exponent == 0:
+        return sign * (mantissa / 8.0) * 2.0**-6
+    return sign * (1.0 + mantissa / 8.0) * 2.0 ** (exponent - 7)
+
+
+def e2m1_value(nibble: int) -> float:
+    """An OCP FP4 E2M1 nibble: sign bit 3, 2 exponent bits (bias 1), 1 mantissa bit; exponent
+    0 is subnormal (0 or 0.5)."""
+    sign = -1.0 if nibble & 0x8 else 1.0
+    exponent, mantissa = (nibble >> 1) & 0x3, nibble & 0x1
+    if exponent == 0:
+        return sign * mantissa * 0.5
+    return sign * (1.0 + mantissa / 2.0) * 2.0 ** (exponent - 1)
+
+
+def e8m0_value(byte: int) -> float:
+    """An E8M0 scale byte: ``2 ** (byte - 127)``; 255 is NaN."""
+    return float("nan") if byte == 255 else 2.0 ** (byte - 127)
+
+
+_E4M3 = np.array([e4m3_value(b) for b in range(256)], dtype=np.float64)
+_E2M1 = np.array([e2m1_value(n) for n in range(16)], dtype=np.float64)
+_E8M0 = np.array([e8m0_value(b) for b in range(256)], dtype=np.float64)
+
+
+def _raw_bytes(t: torch.Tensor) -> np.ndarray:
+    return t.contiguous().view(torch.uint8).numpy().astype(np.int64)
+
+
+def fp4_codes_f64(packed: torch.Tensor) -> np.ndarray:
+    """uint8 (..., in/2) -> float64 (..., in): even columns from the low nibbles."""
+    raw = _raw_bytes(packed)
+    out = np.empty(raw.shape[:-1] + (raw.shape[-1] * 2,), dtype=np.float64)
+    out[..., 0::2] = _E2M1[raw & 0xF]
+    out[..., 1::2] = _E2M1[raw >> 4]
+    return out
+
+
+def fp8_codes_f64(codes: torch.Tensor) -> np.ndarray:
+    return _E4M3[_raw_bytes(codes)]
+
+
+def _per_element(blocks: np.ndarray, in_features: int, width: int) -> np.ndarray:
+    """(..., ceil(in / width)) block values -> (..., in): element i takes block i // width."""
+    return blocks[..., np.arange(in_features) // width]
+
+
+def to_torch_f32(values: np.ndarray) -> torch.Tensor:
+    """float64 values (exact products) -> f32, one IEEE rounding (numpy's cast)."""
+    return torch.from_numpy(values.astype(np.float32))
+
+
+def dequantize_mx_f32(
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    dual_scale: torch.Tensor | None = None,
+    dual_block: int | None = None,
+) -> torch.Tensor:
+    """fp32 MX weight: ``code * 2**(byte - 127)`` per 32 inputs, times ``dual`` per
+    ``dual_block`` inputs for W4A4_MXFP4_DUALSCALE (msmodelslim's order: (fp4 * 2**e) * dual).
+    ``weight`` is float8_e4m3fn (MXFP8) or uint8 packed fp4."""
+    codes = fp4_codes_f64(weight) if weight.dtype == torch.uint8 else fp8_codes_f64(weight)
+    in_features = codes.shape[-1]
+    exponents = _E8M0[_raw_bytes(weight_scale)]
+    w = codes * _per_element(exponents, in_features, MX_BLOCK)
+    if dual_scale is not None:
+        dual = dual_scale.float().numpy().astype(np.float64).reshape(*codes.shape[:-1], -1)
+        w = w * _per_element(dual, in_features, dual_block or in_features)
+    return to_torch_f32(w)
+
+
+def dequantize_affine_loops(
+    q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None
+) -> torch.Tensor:
+    """fp32 ``(q - offset) * scale`` element by element (python loops: small tensors only);
+    ``scale``/``offset`` (out, 1) per channel or (out, in/G) per group along ``in``.
+    ``q`` int8 codes or float8_e4m3fn codes (decoded from their bits)."""
+    rows, cols = q.shape
+    codes = fp8_codes_f64(q) if q.dtype == torch.float8_e4m3fn else q.numpy().astype(np.float64)
+    s = scale.float().reshape(rows, -1).numpy()
+    o = None if offset is None else offset.float().reshape(rows, -1).numpy()
+    width = cols // s.shape[1]
+    out = np.empty((rows, cols), dtype=np.float32)
+    for r in range(rows):
+        for c in range(cols):
+            g = c // width
+            shifted = np.float32(codes[r, c]) - (np.float32(0) if o is None else o[r, g])
+            out[r, c] = np.float32(shifted) * s[r, g]
+    return torch.from_numpy(out)
+
+
+def pack_fp4(values: torch.Tensor) -> torch.Tensor:
+    """msmodelslim's ``pack_fp4_to_uint8`` re-written: each value's nearest e2m1 magnitude
+    (its index 0..7), bit 3 the sign (``signbit``: -0.0 is 8), row-major pairs with the first
+    in the low nibble; (m, n) -> uint8 (m, n/2)."""
+    flat = values.float().reshape(-1)
+    magnitudes = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    index = (flat.abs()[:, None] - magnitudes).abs().argmin(dim=1)
+    nibble = index + (torch.signbit(flat).to(torch.long) << 3)
+    pairs = nibble.reshape(-1, 2)
+    return (pairs[:, 0] | (pairs[:, 1] << 4)).to(torch.uint8).reshape(*values.shape[:-1], -1)
+
+
+def quantize_mx(w: torch.Tensor, fp4: bool) -> dict[str, torch.Tensor]:
+    """msmodelslim's per-block MX quantizer (``ir/api/impl/mx_quantization.py``), re-written for
+    one 2-D weight, blocks of 32 along ``in`` (the last one padded): returns the saver's
+    ``weight`` (float8_e4m3fn, or packed fp4 uint8) and ``weight_scale`` (E8M0 + 127, uint8).
+
+    MXFP8: ``e = floor(log2(amax)) - 8``, clamped to [-127, 127], ``q = e4m3(w / 2**e)``
+    (the tool rounds to 3 mantissa bits with its own RTN; e4m3's cast rounds to nearest even,
+    which only differs on ties). MXFP4: ``e = floor(log2(amax / 0.875 + 9.6e-7)) - 2``,
+    ``q = e2m1(w / 2**e)`` with round-half-up on the mantissa."""
+    w = w.float()
+    rows, cols = w.shape
+    blocks = -(-cols // MX_BLOCK)
+    padded = torch.zeros(rows, blocks * MX_BLOCK)
+    padded[:, :cols] = w
+    amax = padded.reshape(rows, blocks, MX_BLOCK).abs().amax(-1, keepdim=True)
+    if fp4:
+        e = torch.floor(torch.log2(amax / 0.875 + 9.6e-7)) - 2
+        e = e.clamp(-127, 125)
+        x = padded.reshape(rows, blocks, MX_BLOCK) / torch.exp2(e)
+        private = torch.floor(torch.log2(x.abs() + 9.6e-7)).clamp(0, 2)
+        mant = torch.floor(x.abs() / torch.exp2(private) * 2 + 0.5) / 2 * torch.exp2(private)
+        q = (torch.sign(x) * mant.clamp(max=6.0)).reshape(rows, -1)[:, :cols]
+        weight = pack_fp4(q)
+    else:
+        e = torch.floor(torch.log2(amax + (amax == 0).float() * 2.0**-126)) - 8
+        e = e.clamp(-127, 127)
+        x = padded.reshape(rows, blocks, MX_BLOCK) / torch.exp2(e)
+        weight = x.clamp(-448, 448).reshape(rows, -1)[:, :cols].to(torch.float8_e4m3fn)
+    return {"weight": weight, "weight_scale": (e.squeeze(-1) + 127).to(torch.uint8)}

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from conftest import fixture_dir
-from reference import dequantize_fp32, dequantize_int4_fp32, description, load_all
+from support.paths import fixture_dir
+from support.reference import dequantize_fp32, dequantize_int4_fp32, description, load_all
 
 MODELS = "sglang.srt.models"
 MOE = "q35moe_w8a8_dynamic"
@@ -475,8 +475,8 @@ def draft_case(sglang_cpu, tmp_path, caplog):
     """
     import logging
 
-    from reference import write_modelslim_checkpoint
     from sglang_mtp_dequant.tools.cpu_sglang import build_draft_class, path_weights, publish_context
+    from support.checkpoints import write_modelslim_checkpoint
 
     caplog.set_level(logging.INFO)
 
@@ -514,9 +514,10 @@ def audits(monkeypatch):
     seen: list[dict] = []
     original = plugin.check_loaded_draft
 
-    def spy(model, stream, writes, class_name, folder=None):
+    def spy(model, load):
+        writes = load.writes
         record = {
-            "class": class_name,
+            "class": load.class_name,
             "unwritten": writes.unwritten(),
             "skipped": writes.skipped_names(),
             "audited": set(writes.params),
@@ -525,7 +526,7 @@ def audits(monkeypatch):
             "all": {n for n, _ in model.named_parameters()},
         }
         seen.append(record)
-        record["findings"] = original(model, stream, writes, class_name, folder)
+        record["findings"] = original(model, load)
         return record["findings"]
 
     monkeypatch.setattr(plugin, "check_loaded_draft", spy)

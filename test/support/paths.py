@@ -1,0 +1,28 @@
+"""Where the committed fixtures are."""
+
+from __future__ import annotations
+
+import os
+
+TEST = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(TEST)
+FIXTURES = os.path.join(TEST, "fixtures")
+MODELSLIM = os.path.join(FIXTURES, "modelslim")
+REFERENCE = os.path.join(FIXTURES, "reference")
+E2E = os.path.join(FIXTURES, "e2e")
+
+#: the dense Qwen3.5 fixtures msmodelslim wrote with 8-bit MTP projections
+DENSE_W8 = (
+    "q35_dense_w8a8_dynamic",
+    "q35_dense_w8a8_static",
+    "q35_dense_w8a16_asym",
+    "q35_dense_w8a8_dynamic_pergroup",
+)
+
+
+def fixture_dir(name: str) -> str:
+    return os.path.join(MODELSLIM, name)
+
+
+def reference_file(name: str) -> str:
+    return os.path.join(REFERENCE, f"{name}.safetensors")

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Load checkpoints' MTP drafts through sglang's real draft class and DefaultModelLoader,
+and save every draft parameter: one side of ``make upstream-test``'s bit-identity check.
+
+Usage (``upstream/run_tests.py`` runs it twice, in two processes)::
+
+    # stock sglang 0.5.23 + the plugin
+    python upstream/load_draft.py --out DIR --expect plugin FIXTURE...
+    # the patched tree, plugin switched off
+    PYTHONPATH=.cache/upstream/sglang/python SGLANG_PLUGINS=none \\
+        python upstream/load_draft.py --out DIR --expect branch FIXTURE...
+    # the patched tree with the plugin on (it must step aside: test/test_upstream_series.py)
+    PYTHONPATH=.cache/upstream/sglang/python python upstream/load_draft.py --expect both ...
+
+Per checkpoint folder: sglang's ``ModelConfig`` of the draft (``is_draft_model=True``, as the
+draft worker builds it), its class built by the loader's own ``_initialize_model``, every
+float parameter filled with NaN (so what no loader writes is the same on both sides), then
+``DefaultModelLoader.load_weights_and_postprocess`` with ``_get_all_weights`` (the stream
+``load_model`` hands the model). Writes ``DIR/<name>.safetensors`` (every parameter) or
+``DIR/<name>.error`` (the exception), and ``DIR/side.json`` (which sglang, whether the
+plugin's hooks and the branch's module are present). sglang's plugin loader runs as in every
+sglang process; ``SGLANG_PLUGINS`` decides whether it loads this project's plugin.
+
+Two CPU-only shims, the project's own (``sglang_mtp_dequant.tools.cpu_env``, as in the
+branch's registered test): torchvision's CUDA wheel beside CPU torch gets its two missing
+operator schemas, and the CUDA rotary kernel import gets a placeholder while the draft is
+built. Importing them loads nothing of the plugin: sglang's own plugin loader decides that,
+by ``SGLANG_PLUGINS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import traceback
+
+import torch
+
+from sglang_mtp_dequant.tools.cpu_env import (
+    ensure_torchvision_importable,
+    placeholder_vllm_rotary,
+)
+from sglang_mtp_dequant.tools.cpu_sglang import free_port
+
+
+def publish(model_path: str) -> None:
+    from sglang.srt.runtime_context import SpawnRanks
+    from sglang.srt.runtime_context import publish as publish_args
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(
+        model_path=model_path,
+        device="cpu",
+        mamba_radix_cache_strategy="no_buffer",
+        disable_overlap_schedule=True,
+    )
+    args.speculative_draft_model_path = model_path
+    publish_args(args, role="test", ranks=SpawnRanks(world_rank=0))
+
+
+def load_one(folder: str) -> dict[str, torch.Tensor]:
+    from sglang.srt.configs.device_config import DeviceConfig
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import (
+        DefaultModelLoader,
+        _get_quantization_config,
+        _initialize_model,
+    )
+    from sglang.srt.model_loader.utils import set_default_torch_dtype
+    from sglang.srt.runtime_context import get_server_args
+
+    publish(folder)
+    model_config = ModelConfig.from_server_args(
+        get_server_args(), model_path=folder, is_draft_model=True
+    )
+    load_config = LoadConfig(load_format="auto")
+    loader = DefaultModelLoader(load_config)
+    device = torch.device(DeviceConfig("cpu").device)
+    quant_config = _get_quantization_config(model_config, load_config)
+    with set_default_torch_dtype(model_config.dtype):
+        with device, placeholder_vllm_rotary():
+            model = _initialize_model(model_config, load_config, quant_config)
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.is_floating_point():
+                    param.fill_(float("nan"))
+        loader.load_weights_and_postprocess(
+            model, loader._get_all_weights(model_config, model), device
+        )
+    return {
+        f"{type(model).__name__}/{name}": param.detach().contiguous()
+        for name, param in model.named_parameters()
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--expect", choices=["plugin", "branch", "both"], required=True)
+    parser.add_argument("folders", nargs="+")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+    ensure_torchvision_importable()
+    import sglang
+    from safetensors.torch import save_file
+    from sglang.srt.distributed import parallel_state
+    from sglang.srt.plugins import load_plugins
+
+    publish(os.path.abspath(args.folders[0]))
+    parallel_state.init_distributed_environment(
+        world_size=1,
+        rank=0,
+        local_rank=0,
+        backend="gloo",
+        distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
+    )
+    parallel_state.initialize_model_parallel(backend="gloo")
+    load_plugins()
+    from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
+
+    side = {
+        "sglang": os.path.dirname(sglang.__file__),
+        "plugin_hooked": hasattr(Qwen3_5ForCausalLMMTP.__dict__["load_weights"], "__wrapped__"),
+        "branch_module": _has_branch_module(),
+        "SGLANG_PLUGINS": os.environ.get("SGLANG_PLUGINS"),
+    }
+    with open(os.path.join(args.out, "side.json"), "w") as f:
+        json.dump(side, f, indent=1)
+    wanted = {"plugin": (True, False), "branch": (False, True), "both": (True, True)}[args.expect]
+    if (side["plugin_hooked"], side["branch_module"]) != wanted:
+        print(f"load_draft.py: expected the {args.expect} side, found {side}", file=sys.stderr)
+        return 2
+    for folder in args.folders:
+        name = os.path.basename(os.path.normpath(folder))
+        try:
+            save_file(
+                load_one(os.path.abspath(folder)), os.path.join(args.out, f"{name}.safetensors")
+            )
+            print(f"{args.expect}: {name}: loaded")
+        except Exception as exc:  # noqa: BLE001 - recorded for the comparison
+            with open(os.path.join(args.out, f"{name}.error"), "w") as f:
+                f.write(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
+            print(f"{args.expect}: {name}: {type(exc).__name__}: {exc}")
+    parallel_state.destroy_model_parallel()
+    parallel_state.destroy_distributed_environment()
+    return 0
+
+
+def _has_branch_module() -> bool:
+    import importlib.util
+
+    return (
+        importlib.util.find_spec("sglang.srt.layers.quantization.modelslim.modelslim_draft")
+        is not None
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
