@@ -13,9 +13,9 @@ CLI's output on tiny models, the draft being the MTP layer ``model.layers.<num_h
 
 Each draft is built by sglang 0.5.23 on the CPU and loaded from the fixture folder through the
 stream of sglang's ``DefaultModelLoader``. With the plugin every parameter must equal bf16 of the
-fp32 formula (``reference.dequantize_fp32``) bit for bit, and float parameters the checkpoint's
-tensor in the parameter's dtype. Stock sglang (the hook bypassed) is shown doing what it really
-does. Where the plugin or sglang's CPU start-up fails today, the test is a strict xfail naming it.
+fp32 formula (``support.reference``: ``dequantize_fp32``, ``dequantize_mx_f32``) bit for bit, and
+float parameters the checkpoint's tensor in the parameter's dtype. Stock sglang (the hook bypassed) is shown doing what it really
+does.
 
 A CPU-only accommodation, in ``_sglang_config``: sglang's CPU rotary embedding
 (``layers/rotary_embedding/factory.py`` ``get_rope_cpu``) asserts ``rope_scaling is not None``
@@ -37,9 +37,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from conftest import fixture_dir, reference_file
-from reference import dequantize_fp32, description, load_all
-from sglang_mtp_dequant.errors import DraftWeightError
+from support.paths import fixture_dir, reference_file
+from support.reference import dequantize_fp32, dequantize_mx_f32, description, load_all
 
 MODELS = "sglang.srt.models"
 #: the target model published in sglang's context: any model sglang resolves on the CPU
@@ -73,21 +72,6 @@ GLM5_UNROTATED = {
     for k in ("mlp.gate.e_score_correction_bias", "self_attn.indexer.k_norm.bias",
               "self_attn.indexer.k_norm.weight")
 }  # fmt: skip
-
-CUDA_CAPABILITY = (
-    "sglang 0.5.23 arg_groups/model_hook.py handle_model_specific_adjustments: for a DSA model "
-    "(index_topk set) off NPU/XPU it calls torch.cuda.get_device_capability(): "
-    "AssertionError: Torch not compiled with CUDA enabled; with that call patched, the build "
-    "fails next in layers/rotary_embedding/factory.py get_rope_cpu (from dsa_indexer.Indexer): "
-    "`assert rope_scaling is not None`, an AssertionError without message (GLM-5's default rope; "
-    "sglang's CPU rope knows deepseek_yarn only)"
-)
-MX_REFUSED = (
-    "no scheme decodes W4A4_MXFP4 / W8A8_MXFP8 yet (issue #18 item 2): the hooked load stops "
-    "with DraftWeightError: draft tensor 'model.layers.2.mlp.experts.0.down_proj.weight' in ...: "
-    "is W4A4_MXFP4, a scheme this plugin does not decode"
-)
-
 
 def _sglang_config(folder: str):
     """The draft's config as sglang reads config.json, with the CPU rope accommodation."""
@@ -159,6 +143,9 @@ def _expected(tensors: dict, desc: dict, name: str, dtype: torch.dtype) -> torch
     bf16 of the fp32 ``(q - offset) * scale`` (static W8A8: ``q * deq_scale / input_scale``)."""
     if desc[name] == "FLOAT":
         return tensors[name].to(dtype)
+    if desc[name] in ("W4A4_MXFP4", "W8A8_MXFP8"):
+        scale = tensors[name[: -len(".weight")] + ".weight_scale"]
+        return dequantize_mx_f32(tensors[name], scale).to(torch.bfloat16)
     return dequantize_fp32(tensors, name, desc[name]).to(torch.bfloat16)
 
 
@@ -280,7 +267,7 @@ def test_original_float_reference_matches_the_float_draft_tensors(name):
 # -- with the plugin: exact ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", [GLM5, DSV3])
+@pytest.mark.parametrize("name", [GLM5, DSV3, MX])
 def test_plugin_loads_every_draft_parameter_exactly(sglang_cpu, caplog, name):
     """Every parameter of sglang's draft class (NaN-filled first, so nothing unwritten hides)
     equals bf16 of the fp32 formula of its checkpoint tensors, or the checkpoint's float tensor;
@@ -294,11 +281,6 @@ def test_plugin_loads_every_draft_parameter_exactly(sglang_cpu, caplog, name):
     codes = [k for k in weights if desc[k] != "FLOAT"]
     lines = [r.getMessage() for r in caplog.records if r.name == "sglang_mtp_dequant"]
     assert len(lines) == 1 and f"dequantized {len(codes)} tensors" in lines[0], lines
-
-
-@pytest.mark.xfail(strict=True, raises=DraftWeightError, reason=MX_REFUSED)
-def test_plugin_loads_the_mx_draft(sglang_cpu):
-    _build_and_load(MX, plugin=True)
 
 
 # -- stock sglang --------------------------------------------------------------------------------
@@ -320,9 +302,13 @@ def test_stock_sglang_stops_on_a_shared_expert_companion(sglang_cpu, name, compa
 # -- sglang's ModelConfig route (what a draft worker and the CLI do) ------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=CUDA_CAPABILITY)
 def test_glm5_draft_through_sglang_model_config(load_draft):
-    load_draft(fixture_dir(GLM5))
+    """GLM-5 (DSA: index_topk set) builds from the folder as a draft worker builds it, past
+    sglang's CUDA-only start-up step for DSA models (handled by the CPU tools, tools/cpu_env.py),
+    as the class sglang really builds, and loads exactly."""
+    model = load_draft(fixture_dir(GLM5))
+    assert type(model).__name__ == "GlmMoeDsaForCausalLMNextN"
+    _assert_exact(GLM5, {n: p.detach() for n, p in model.named_parameters()})
 
 
 def test_deepseek_v3_draft_through_sglang_model_config(load_draft):
@@ -344,14 +330,11 @@ def test_verify_is_exact_on_the_deepseek_v3_fixture(sglang_cpu):
     assert report.stock_error.startswith("KeyError"), report.stock_error
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"verify: {CUDA_CAPABILITY}")
 def test_verify_is_exact_on_the_glm5_fixture(sglang_cpu):
-    """In this process (sglang's context already published) the CUDA call comes from run_verify's
-    prepare_cpu_process -> cpu_sglang.publish_context. From the CLI it comes earlier:
-    serving/sources.py resolve_offline calls tools/resolve.py's ``publish`` (the same
-    publish_context) inside its try, and reports the AssertionError as "is not a checkpoint folder,
-    and sglang found no local copy of it as a hub model" (verdict error)."""
+    """GlmMoeDsaForCausalLMNextN overrides load_weights and calls super(): verify still runs the
+    hooked load and stock sglang's, and compares with the original float reference."""
     from sglang_mtp_dequant.tools.verify import run_verify
 
-    report = run_verify(fixture_dir(GLM5))
+    report = run_verify(fixture_dir(GLM5), reference=reference_file(GLM5))
     assert report.ok and report.class_name == "GlmMoeDsaForCausalLMNextN"
+    assert report.stock_error.startswith("KeyError"), report.stock_error
