@@ -338,3 +338,43 @@ def test_verify_is_exact_on_the_glm5_fixture(sglang_cpu):
     report = run_verify(fixture_dir(GLM5), reference=reference_file(GLM5))
     assert report.ok and report.class_name == "GlmMoeDsaForCausalLMNextN"
     assert report.stock_error.startswith("KeyError"), report.stock_error
+
+
+# -- the CLI's doctor on them --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, class_name, stock_stops_with",
+    [
+        (GLM5, "GlmMoeDsaForCausalLMNextN",
+         "KeyError: 'model.decoder.mlp.shared_experts.gate_up_proj.weight_offset'"),
+        (DSV3, "DeepseekV3ForCausalLMNextN",
+         "KeyError: 'model.decoder.mlp.shared_experts.gate_up_proj.weight_offset'"),
+        (MX, "DeepseekV3ForCausalLMNextN", "RuntimeError: The size of tensor a"),
+    ],
+)  # fmt: skip
+def test_doctor_names_the_class_and_what_stock_sglang_really_does(
+    sglang_cpu, name, class_name, stock_stops_with
+):
+    """doctor says ok with the class sglang builds and every code tensor dequantized, and its
+    stock line is what stock sglang's own loader raised in the dry run (the same KeyError as
+    ``test_stock_sglang_stops_on_a_shared_expert_companion``), not the per-tensor guess that
+    stock copies codes "with no error"."""
+    from sglang_mtp_dequant.tools.doctor import diagnose
+
+    report = diagnose(fixture_dir(name))
+    _, desc = _checkpoint(name)
+    codes = [k for k in desc if k.startswith(DRAFT) and k.endswith(".weight") and desc[k] != "FLOAT"]
+    assert report.verdict == "ok", report.problems + report.unchecked
+    assert report.draft_class == class_name
+    assert sum(row.action == "dequantize" for row in report.tensors) == len(codes)
+    assert f"its loader stops: {stock_stops_with}" in report.stock, report.stock
+
+
+def test_doctor_keeps_the_silent_misload_line_where_stock_loads(sglang_cpu):
+    """Where stock sglang's loader runs through (the Qwen3.5 MTP layout), the stock line stays
+    the silent misload it is."""
+    from sglang_mtp_dequant.tools.doctor import diagnose
+
+    report = diagnose(fixture_dir("q35_dense_w8a8_dynamic"))
+    assert "with no error: the draft proposes garbage" in report.stock, report.stock

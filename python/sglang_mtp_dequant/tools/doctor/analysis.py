@@ -281,6 +281,8 @@ def _dry_run(report: Diagnosis, built, ckpt: Checkpoint, plan, spec) -> None:
         return
     how = "through the plugin's stream" if plan is not None else "as stock sglang"
     report.dry_run = f"{coverage.class_name} on the meta device, {how}"
+    if plan is not None:
+        _stock_dry_run(report, built, ckpt, spec)
     report.unfilled = coverage.unwritten
     report.skipped = coverage.skipped
     # an unhooked class: the misload is why the draft is unsupported, said beside it
@@ -290,6 +292,25 @@ def _dry_run(report: Diagnosis, built, ckpt: Checkpoint, plan, spec) -> None:
             f"{parameter} is a float parameter of {coverage.class_name}, but stock sglang copies "
             f"the raw codes of {', '.join(sources)} into it (the plugin does not act on this "
             "draft): the draft proposes garbage; export that layer unquantized"
+        )
+
+
+def _stock_dry_run(report: Diagnosis, built, ckpt: Checkpoint, spec) -> None:
+    """Stock sglang's own loader on the same meta draft, without the plugin's stream.
+
+    The per-tensor prediction (``_stock_for``) cannot see a loader that stops on a companion
+    it has no parameter for: DeepSeek's NextN ``load_weights`` raises KeyError on the fused
+    shared expert's ``weight_offset`` / ``weight_scale``, so stock sglang does not start at all
+    on those exports. What its loader raises here is what the user would see."""
+    from ..dryrun import simulate_load
+
+    try:
+        simulate_load(built, ckpt, None, spec)
+    except Exception as exc:  # noqa: BLE001 - stock sglang's own failure, reported as such
+        report.stock = (
+            f"stock sglang {sglang_version()} builds {built.class_name} unquantized and its "
+            f"loader stops: {type(exc).__name__}: {exc} (the server does not start; seen in a "
+            "dry run of sglang's own load_weights without the plugin)"
         )
 
 
@@ -321,7 +342,7 @@ def _draft_spec(report: Diagnosis, config: CheckpointConfig | None) -> DraftSpec
 
 
 STOCK_SILENT = "copies the raw codes into a float parameter: silent misload"
-STOCK_LOUD = "fails sglang's shape check (packed int4 codes): the load stops"
+STOCK_LOUD = "fails sglang's shape check (packed 4-bit codes): the load stops"
 STOCK_UNKNOWN = (
     "copies the raw codes into a float parameter (silent misload), or fails "
     "sglang's shape check if they are packed"
@@ -404,7 +425,7 @@ def _stock_summary(report: Diagnosis, integer: list[TensorRow]) -> str:
             "the accept length drops to about 1"
         )
     if loud:
-        said.append(f"stops on a shape mismatch for {loud} packed int4 tensor(s)")
+        said.append(f"stops on a shape mismatch for {loud} packed 4-bit tensor(s)")
     if unknown:
         said.append(
             f"copies or, if packed, fails on {unknown} tensor(s) in a scheme this plugin "
