@@ -14,8 +14,8 @@ CLI's output on tiny models, the draft being the MTP layer ``model.layers.<num_h
 Each draft is built by sglang 0.5.23 on the CPU and loaded from the fixture folder through the
 stream of sglang's ``DefaultModelLoader``. With the plugin every parameter must equal bf16 of the
 fp32 formula (``support.reference``: ``dequantize_fp32``, ``dequantize_mx_f32``) bit for bit, and
-float parameters the checkpoint's tensor in the parameter's dtype. Stock sglang (the hook bypassed) is shown doing what it really
-does.
+float parameters the checkpoint's tensor in the parameter's dtype. Stock sglang (the hook
+bypassed) is shown doing what it really does.
 
 A CPU-only accommodation, in ``_sglang_config``: sglang's CPU rotary embedding
 (``layers/rotary_embedding/factory.py`` ``get_rope_cpu``) asserts ``rope_scaling is not None``
@@ -73,6 +73,7 @@ GLM5_UNROTATED = {
               "self_attn.indexer.k_norm.weight")
 }  # fmt: skip
 
+
 def _sglang_config(folder: str):
     """The draft's config as sglang reads config.json, with the CPU rope accommodation."""
     from sglang.srt.utils.hf_transformers_utils import get_config
@@ -118,6 +119,12 @@ def _build_and_load(name: str, *, plugin: bool, nan: bool = False) -> dict[str, 
 def _checkpoint(name: str) -> tuple[dict[str, torch.Tensor], dict]:
     folder = fixture_dir(name)
     return load_all(folder), description(folder)
+
+
+def _draft_code_weights(name: str) -> list[str]:
+    """The draft's weights the description calls quantized (what the plugin decodes)."""
+    _, desc = _checkpoint(name)
+    return [k for k in desc if k.startswith(DRAFT) and k.endswith(".weight") and desc[k] != "FLOAT"]
 
 
 def _sources(param: str) -> list[str]:
@@ -276,9 +283,7 @@ def test_plugin_loads_every_draft_parameter_exactly(sglang_cpu, caplog, name):
     params = _build_and_load(name, plugin=True, nan=True)
     assert {n for n, p in params.items() if p.isnan().any()} == SHARED
     _assert_exact(name, params)
-    _, desc = _checkpoint(name)
-    weights = [k for k in desc if k.startswith(DRAFT) and k.endswith(".weight")]
-    codes = [k for k in weights if desc[k] != "FLOAT"]
+    codes = _draft_code_weights(name)
     lines = [r.getMessage() for r in caplog.records if r.name == "sglang_mtp_dequant"]
     assert len(lines) == 1 and f"dequantized {len(codes)} tensors" in lines[0], lines
 
@@ -363,8 +368,7 @@ def test_doctor_names_the_class_and_what_stock_sglang_really_does(
     from sglang_mtp_dequant.tools.doctor import diagnose
 
     report = diagnose(fixture_dir(name))
-    _, desc = _checkpoint(name)
-    codes = [k for k in desc if k.startswith(DRAFT) and k.endswith(".weight") and desc[k] != "FLOAT"]
+    codes = _draft_code_weights(name)
     assert report.verdict == "ok", report.problems + report.unchecked
     assert report.draft_class == class_name
     assert sum(row.action == "dequantize" for row in report.tensors) == len(codes)
