@@ -1,0 +1,84 @@
+"""Every relative link in the project's Markdown leads somewhere: the file exists and, for a
+``#fragment`` into a Markdown file, a heading there has that GitHub anchor.
+
+The README's set-up figures point at a section of docs/results.md; a renamed or missing
+section would leave a new user's first link dead, which nothing else would notice.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: ``[text](target)``, the target without spaces; images alike
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^(```|~~~)")
+
+
+def markdown_files() -> list[str]:
+    found = [os.path.join(ROOT, "README.md")]
+    for folder in ("docs", "upstream", os.path.join("test", "fixtures")):
+        for parent, _, files in os.walk(os.path.join(ROOT, folder)):
+            found += [os.path.join(parent, f) for f in files if f.endswith(".md")]
+    return sorted(found)
+
+
+def _prose_lines(path: str) -> list[str]:
+    """The file's lines outside fenced code blocks (a link in code is not a link)."""
+    lines, fenced = [], False
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if FENCE.match(line.strip()):
+                fenced = not fenced
+            elif not fenced:
+                lines.append(line)
+    return lines
+
+
+def github_anchors(path: str) -> set[str]:
+    """The anchors GitHub gives the file's headings: lower case, punctuation dropped, spaces
+    to hyphens, ``-1``, ``-2`` ... on repeats."""
+    anchors: set[str] = set()
+    for line in _prose_lines(path):
+        match = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not match:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", match.group(1).lower()).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in anchors:
+            n += 1
+            anchor = f"{slug}-{n}"
+        anchors.add(anchor)
+    return anchors
+
+
+def relative_links(path: str) -> list[str]:
+    targets = [t for line in _prose_lines(path) for t in LINK.findall(line)]
+    return [t for t in targets if not re.match(r"^[a-z][a-z0-9+.-]*:", t)]  # no http:, mailto:
+
+
+@pytest.mark.parametrize("doc", markdown_files(), ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_relative_link_resolves(doc):
+    dead = []
+    for target in relative_links(doc):
+        file_part, _, fragment = target.partition("#")
+        linked = (
+            os.path.normpath(os.path.join(os.path.dirname(doc), file_part)) if file_part else doc
+        )
+        if not os.path.exists(linked):
+            dead.append(f"{target}: no {os.path.relpath(linked, ROOT)}")
+        elif fragment and linked.endswith(".md") and fragment not in github_anchors(linked):
+            dead.append(
+                f"{target}: no heading with anchor #{fragment} in {os.path.relpath(linked, ROOT)}"
+            )
+    assert not dead, dead
+
+
+def test_the_anchor_rule_matches_githubs():
+    """Two headings whose anchors GitHub shows for this repository's pages."""
+    results = os.path.join(ROOT, "docs", "results.md")
+    assert "1-through-sglangs-own-server-eagle-on-the-cpu-make-e2e" in github_anchors(results)
+    assert "4-on-an-ascend-npu-githubworkflowsnpu-e2eyml-not-run-here" in github_anchors(results)
