@@ -281,7 +281,7 @@ def _dry_run(report: Diagnosis, built, ckpt: Checkpoint, plan, spec) -> None:
         return
     how = "through the plugin's stream" if plan is not None else "as stock sglang"
     report.dry_run = f"{coverage.class_name} on the meta device, {how}"
-    if plan is not None:
+    if plan is not None and any(t.action == "dequantize" for t in report.tensors):
         _stock_dry_run(report, built, ckpt, spec)
     report.unfilled = coverage.unwritten
     report.skipped = coverage.skipped
