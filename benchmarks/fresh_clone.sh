@@ -18,7 +18,9 @@ for target in demo test lint e2e-short upstream-test; do
   started=$(date +%s)
   make "$target" >"$root/$target.log" 2>&1
   status=$?
-  echo "make $target: exit $status in $(( $(date +%s) - started )) s; last line: $(tail -n 1 "$root/$target.log")"
+  # the line that says how it went: pytest's summary, the verdict, the accept lengths, ...
+  said=$(grep -E '^[0-9]+ (passed|failed)|^verdict|accept_length|^\[e2e\]|^Success' "$root/$target.log" | tail -n 1)
+  echo "make $target: exit $status in $(( $(date +%s) - started )) s; ${said:-last line: $(tail -n 1 "$root/$target.log")}"
   [ "$target" = demo ] && grep '^set-up:' "$root/$target.log"
   [ "$status" = 0 ] || { failed=1; tail -n 30 "$root/$target.log"; }
 done
