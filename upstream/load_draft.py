@@ -12,16 +12,17 @@ Usage (``upstream/run_tests.py`` runs it twice, in two processes)::
     # the patched tree with the plugin on (it must step aside: test/test_upstream_series.py)
     PYTHONPATH=.cache/upstream/sglang/python python upstream/load_draft.py --expect both ...
 
-Per checkpoint folder: sglang's ``ModelConfig`` of the draft (``is_draft_model=True``, as the
-draft worker builds it), its class built by the loader's own ``_initialize_model``, every
-float parameter filled with NaN (so what no loader writes is the same on both sides), then
+Per checkpoint folder, through the project's ``tools/cpu_sglang.py`` (what ``verify`` builds
+with): sglang's ``ModelConfig`` of the draft (``is_draft_model=True``, as the draft worker
+builds it), its class built by the loader's own ``_initialize_model``, every float parameter
+filled with NaN (so what no loader writes is the same on both sides), then
 ``DefaultModelLoader.load_weights_and_postprocess`` with ``_get_all_weights`` (the stream
 ``load_model`` hands the model). Writes ``DIR/<name>.safetensors`` (every parameter) or
 ``DIR/<name>.error`` (the exception), and ``DIR/side.json`` (which sglang, whether the
 plugin's hooks and the branch's module are present). sglang's plugin loader runs as in every
 sglang process; ``SGLANG_PLUGINS`` decides whether it loads this project's plugin.
 
-Two CPU-only shims, the project's own (``sglang_mtp_dequant.tools.cpu_env``, as in the
+The CPU-only shims are the project's own (``sglang_mtp_dequant.tools.cpu_env``, as in the
 branch's registered test): torchvision's CUDA wheel beside CPU torch gets its two missing
 operator schemas, and the CUDA rotary kernel import gets a placeholder while the draft is
 built. Importing them loads nothing of the plugin: sglang's own plugin loader decides that,
@@ -39,57 +40,31 @@ import traceback
 
 import torch
 
-from sglang_mtp_dequant.tools.cpu_env import (
-    ensure_torchvision_importable,
-    placeholder_vllm_rotary,
+from sglang_mtp_dequant.tools.cpu_env import ensure_torchvision_importable
+from sglang_mtp_dequant.tools.cpu_sglang import (
+    build_draft,
+    draft_model_config,
+    init_world_size_one,
+    publish_context,
+    sglang_weights,
 )
-from sglang_mtp_dequant.tools.cpu_sglang import free_port
-
-
-def publish(model_path: str) -> None:
-    from sglang.srt.runtime_context import SpawnRanks
-    from sglang.srt.runtime_context import publish as publish_args
-    from sglang.srt.server_args import ServerArgs
-
-    args = ServerArgs(
-        model_path=model_path,
-        device="cpu",
-        mamba_radix_cache_strategy="no_buffer",
-        disable_overlap_schedule=True,
-    )
-    args.speculative_draft_model_path = model_path
-    publish_args(args, role="test", ranks=SpawnRanks(world_rank=0))
 
 
 def load_one(folder: str) -> dict[str, torch.Tensor]:
-    from sglang.srt.configs.device_config import DeviceConfig
     from sglang.srt.configs.load_config import LoadConfig
-    from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.model_loader.loader import (
-        DefaultModelLoader,
-        _get_quantization_config,
-        _initialize_model,
-    )
+    from sglang.srt.model_loader.loader import DefaultModelLoader
     from sglang.srt.model_loader.utils import set_default_torch_dtype
-    from sglang.srt.runtime_context import get_server_args
 
-    publish(folder)
-    model_config = ModelConfig.from_server_args(
-        get_server_args(), model_path=folder, is_draft_model=True
-    )
-    load_config = LoadConfig(load_format="auto")
-    loader = DefaultModelLoader(load_config)
-    device = torch.device(DeviceConfig("cpu").device)
-    quant_config = _get_quantization_config(model_config, load_config)
+    publish_context(folder, draft_path=folder)
+    model_config = draft_model_config(folder)
+    model = build_draft(model_config)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.is_floating_point():
+                param.fill_(float("nan"))
     with set_default_torch_dtype(model_config.dtype):
-        with device, placeholder_vllm_rotary():
-            model = _initialize_model(model_config, load_config, quant_config)
-        with torch.no_grad():
-            for param in model.parameters():
-                if param.is_floating_point():
-                    param.fill_(float("nan"))
-        loader.load_weights_and_postprocess(
-            model, loader._get_all_weights(model_config, model), device
+        DefaultModelLoader(LoadConfig(load_format="auto")).load_weights_and_postprocess(
+            model, sglang_weights(model_config, model), torch.device("cpu")
         )
     return {
         f"{type(model).__name__}/{name}": param.detach().contiguous()
@@ -112,15 +87,9 @@ def main() -> int:
     from sglang.srt.distributed import parallel_state
     from sglang.srt.plugins import load_plugins
 
-    publish(os.path.abspath(args.folders[0]))
-    parallel_state.init_distributed_environment(
-        world_size=1,
-        rank=0,
-        local_rank=0,
-        backend="gloo",
-        distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
-    )
-    parallel_state.initialize_model_parallel(backend="gloo")
+    first = os.path.abspath(args.folders[0])
+    publish_context(first, draft_path=first)
+    init_world_size_one()
     load_plugins()
     from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
 
