@@ -18,12 +18,13 @@ Steps:
    wheel's sglang files, the branch's test files): must fail, and the output must show the
    bug (a draft parameter loaded with absmax 128.0: raw int8 codes) or stock sglang's own
    failure on a companion tensor (KeyError).
-3. ``fixtures``: every checkpoint in test/fixtures/modelslim/ with an MTP draft: loaded by
+3. ``fixtures``: every checkpoint in test/fixtures/modelslim/ with an MTP draft (named by the
+   package's own rules: Qwen3.5's ``mtp.*``, DeepSeek-V3 / GLM-5's NextN layer): loaded by
    stock sglang with the plugin and by the patched tree with the plugin off, in two processes
    (``upstream/load_draft.py``); every draft parameter compared bit for bit. A checkpoint
    whose draft uses a scheme the branch does not decode must be refused by the branch
    (``ModelSlimDraftWeightError``), never loaded.
-4. ``e2e``: THE PLACE FOR THE SERVER RUN (benchmarks/e2e/): runs ``$UPSTREAM_E2E`` (a shell
+4. ``e2e``: the server run (benchmarks/e2e/): runs ``$UPSTREAM_E2E`` (a shell
    command) with the patched tree on PYTHONPATH and SGLANG_PLUGINS=none, when set; says that
    it was not run otherwise.
 """
@@ -42,11 +43,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tree  # noqa: E402
 
+from sglang_mtp_dequant.formats.config import CheckpointConfig  # noqa: E402
+from sglang_mtp_dequant.formats.naming import mtp_prefix, nextn_layer  # noqa: E402
+
 ROOT = tree.ROOT
 FIXTURES = ROOT / "test" / "fixtures" / "modelslim"
 CPU_SUITE, NPU_SUITE = "base-a-test-cpu", "base-a-test-1-npu-a2"
 BRANCH_TYPES = {"FLOAT", "W8A8_DYNAMIC", "W8A16", "W8A8", "W8A8_MIX"}
-MTP_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
+#: target architecture -> the rule naming its draft's checkpoint tensors (the package's own)
+DRAFT_NAMES = {
+    "Qwen3_5ForConditionalGeneration": mtp_prefix,
+    "Qwen3_5MoeForConditionalGeneration": mtp_prefix,
+    "DeepseekV3ForCausalLM": nextn_layer,
+    "GlmMoeDsaForCausalLM": nextn_layer,
+}
 
 # sglang's own harness, in a process whose sglang is the one on PYTHONPATH. The torchvision
 # shim is this machine's (a CUDA torchvision wheel beside CPU torch; `import sglang` imports
@@ -149,12 +159,17 @@ def fixture_folders() -> tuple[list[Path], list[Path], dict[str, str]]:
     """(covered, refused, skipped-with-reason) fixtures."""
     covered, refused, skipped = [], [], {}
     for folder in sorted(p for p in FIXTURES.iterdir() if (p / "config.json").is_file()):
-        config = json.loads((folder / "config.json").read_text())
-        if not set(config.get("architectures", [])) & set(MTP_ARCHITECTURES):
-            skipped[folder.name] = f"{config.get('architectures')}: no MTP draft"
+        config = CheckpointConfig.read(str(folder))
+        rule = DRAFT_NAMES.get(config.architecture or "")
+        if rule is None:
+            skipped[folder.name] = f"{config.architecture}: no MTP draft"
             continue
+        is_draft = rule(config)
         desc = json.loads((folder / "quant_model_description.json").read_text())
-        types = {v for k, v in desc.items() if k.startswith("mtp.") and isinstance(v, str)}
+        types = {v for k, v in desc.items() if is_draft(k) and isinstance(v, str)}
+        if not types:  # never "covered" by an empty set
+            skipped[folder.name] = f"{config.architecture}: no draft tensor in the description"
+            continue
         (covered if types <= BRANCH_TYPES else refused).append(folder)
     return covered, refused, skipped
 
