@@ -169,14 +169,14 @@ def test_quarot_on_a_class_without_a_rotation_step_is_said(doctor_json, copy_che
     [
         ("W8A8", "compressed-tensors int-quantized", "dequantize"),
         ("FP8", "compressed-tensors float-quantized", "dequantize"),
-        ("W4A16", "compressed-tensors pack-quantized", "error"),
-        ("NVFP4A16", "compressed-tensors nvfp4-pack-quantized", "error"),
+        ("W4A16", "compressed-tensors pack-quantized", "dequantize"),
+        ("NVFP4A16", "compressed-tensors nvfp4-pack-quantized", "dequantize"),
     ],
 )
 def test_compressed_tensors_drafts_are_named(doctor_json, tmp_path, preset, fmt, action):
     """sglang's ModelConfig takes compressed-tensors from config.json; Qwen3.5's own rule
     builds the draft unquantized on NPU with the draft quantization unset, so the plugin acts:
-    what its ModelSlim rules read exactly is decoded, the rest refused by its format's name."""
+    every format is named and decoded by compressed-tensors itself, never by ModelSlim's rules."""
     folder = compressed_tensors_checkpoint(str(tmp_path / "ct"), preset)
     code, report = doctor_json(folder)
     assert report["draft_quantization"] == "compressed-tensors"
@@ -186,7 +186,8 @@ def test_compressed_tensors_drafts_are_named(doctor_json, tmp_path, preset, fmt,
     assert {t["action"] for t in projections} == {action}
     for row in projections:
         assert fmt in row["reason"] and "expects" not in row["reason"]
-    assert code == (0 if action == "dequantize" else 1)
+        assert row["reason"].endswith("decoded by compressed-tensors")
+    assert code == 0
 
 
 def test_compressed_tensors_int8_decodes_as_the_library_does(tmp_path):
@@ -207,17 +208,18 @@ def test_compressed_tensors_int8_decodes_as_the_library_does(tmp_path):
         assert torch.equal(entry.decoder.decompress(tensors[name], torch.bfloat16), want), name
 
 
-def test_modelopt_nvfp4_draft_is_named_not_guessed(doctor_json, tmp_path):
-    """Formerly "W8A8_DYNAMIC expects int8, found uint8"; Qwen3.5's own rule builds a
-    serialized NVFP4 draft unquantized (``_mtp_quant_config``), so the plugin would act."""
+def test_modelopt_nvfp4_draft_is_named_and_decoded_by_compressed_tensors(doctor_json, tmp_path):
+    """Formerly "W8A8_DYNAMIC expects int8, found uint8", then refused by name; Qwen3.5's own
+    rule builds a serialized NVFP4 draft unquantized (``_mtp_quant_config``), so the plugin
+    acts, and compressed-tensors' ModelOpt converter and NVFP4 decompressor decode it."""
     folder = modelopt_nvfp4_checkpoint(str(tmp_path / "mo"))
     code, report = doctor_json(folder)
-    assert code == 1 and report["draft_quantization"] == "modelopt_fp4"
+    assert code == 0 and report["draft_quantization"] == "modelopt_fp4"
     assert report["built_quantized"] is None and report["plugin_acts"] is True
-    refused = [t for t in report["tensors"] if t["action"] == "error"]
-    assert len(refused) == 7 and {t["format"] for t in refused} == {"ModelOpt NVFP4"}
-    for row in refused:
-        assert "is stored as ModelOpt NVFP4 (uint8" in row["reason"]
+    decoded = [t for t in report["tensors"] if t["format"] == "ModelOpt NVFP4"]
+    assert len(decoded) == 7 and {t["action"] for t in decoded} == {"dequantize"}
+    for row in decoded:
+        assert row["reason"].startswith("ModelOpt NVFP4 uint8 codes with input_scale, ")
         assert "W8A8_DYNAMIC" not in row["reason"]
     assert any("declares modelopt (NVFP4) quantization" in n for n in report["notes"])
 

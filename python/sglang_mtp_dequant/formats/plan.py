@@ -22,8 +22,9 @@ from typing import Literal
 import torch
 
 from ..errors import CheckpointFormatError, DraftWeightError
-from . import foreign, naming
+from . import foreign, library, naming
 from .checkpoint import Checkpoint, TensorInfo
+from .library import LibraryDecoder
 from .schemes import AffineDecoder, Scheme, infer_type, known_types, scheme_for
 
 #: dequantize: codes the plugin decodes; keep: a float tensor; pass: no weight, handed to
@@ -42,10 +43,16 @@ class PlannedTensor:
     reason: str
     scheme: str | None = None
     companions: dict[str, TensorInfo] = field(default_factory=dict)
-    decoder: AffineDecoder | None = None
+    decoder: AffineDecoder | LibraryDecoder | None = None
     error: DraftWeightError | None = None
     #: the foreign format the weight is stored in (``foreign.py``), if not ModelSlim's
     format: str | None = None
+
+    @property
+    def output_name(self) -> str:
+        """The name the decoded weight is handed to sglang under (``X.weight`` for a packed
+        ``X.weight_packed``; the stored name otherwise)."""
+        return getattr(self.decoder, "output_name", None) or self.info.name
 
 
 @dataclass
@@ -106,6 +113,8 @@ class DequantPlan:
         if info.holds_codes and described in (None, "FLOAT"):
             dtypes = {n: t.dtype for n, t in self.checkpoint.tensors.items()}
             fmt = foreign.tensor_format(info.name, dtypes, self.checkpoint.declared)
+            if fmt is not None and library.decodes(fmt.name):
+                return self._library(info, described, fmt), None
             if (
                 fmt is not None
                 and foreign.has_foreign_parts(fmt, info.name)
@@ -194,6 +203,26 @@ class DequantPlan:
             )
             if entry.format is not None:
                 entry.reason = f"{entry.format}, decoded by the {entry.reason}"
+
+    def _library(self, info: TensorInfo, described: str | None, fmt) -> PlannedTensor:
+        """A weight in a format compressed-tensors decodes (``library.py``)."""
+        companions = {p.rpartition(".")[2]: self.checkpoint.tensors[p] for p in fmt.parts}
+        entry = PlannedTensor(
+            info, described, "error", "", scheme=fmt.name, companions=companions, format=fmt.name
+        )
+        try:
+            entry.decoder = library.library_decoder(info, companions, self.checkpoint, fmt.name)
+        except DraftWeightError as exc:
+            return self._refused(entry, exc)
+        except CheckpointFormatError as exc:
+            return self._refused(entry, _as_draft_error(info, exc))
+        entry.action = "dequantize"
+        read = sorted(n.rpartition(".")[2] for n in entry.decoder.consumed)
+        entry.reason = (
+            f"{fmt.name} {info.dtype_name} codes with {', '.join(read)}, decoded by "
+            f"{library.LIBRARY}"
+        )
+        return entry
 
     def _foreign(self, info: TensorInfo, described: str | None, fmt) -> PlannedTensor:
         """A weight stored in another quantizer's format that no ModelSlim rule reads."""

@@ -43,6 +43,8 @@ class DraftLoad:
     writes: WriteRecorder
     #: wall seconds of sglang's ``load_weights``, decoding included
     seconds: float
+    #: the quantization the draft was built with (None: unquantized, the plugin decodes)
+    quantization: str | None = None
 
     @classmethod
     def of(
@@ -52,6 +54,7 @@ class DraftLoad:
         stream: DequantizingStream,
         writes: WriteRecorder,
         seconds: float,
+        quantization: str | None = None,
     ) -> DraftLoad:
         return cls(
             class_name,
@@ -62,6 +65,7 @@ class DraftLoad:
             stream.stats,
             writes,
             seconds,
+            quantization,
         )
 
     def sources(self) -> list[Source]:
@@ -88,6 +92,16 @@ class DraftLoad:
         if not (stats.dequantized or stats.left_to_other_ranks):
             return None
         schemes = ", ".join(f"{k} x{v}" for k, v in sorted(stats.schemes.items()))
+        if self.quantization is not None:
+            decoded = sorted(self.plan.to_dequantize) if self.plan is not None else []
+            return (
+                f"sglang-mtp-dequant: {self.class_name} draft from {self.folder} is built "
+                f"quantized ({self.quantization}); {stats.dequantized} tensor(s) of its plain "
+                f"nn.Linear parts that no quantization method reads ({', '.join(decoded)}) were "
+                f"decoded ({schemes}) by compressed-tensors to {dtype_name(self.dtype)}, "
+                f"{stats.companions_consumed} companion tensors consumed; every other tensor "
+                f"went to sglang's own loaders as it was ({self.seconds:.3f} s whole load)"
+            )
         return (
             f"sglang-mtp-dequant: {self.class_name} draft from {self.folder}: dequantized "
             f"{stats.dequantized} tensors ({schemes}) to {dtype_name(self.dtype)}, "

@@ -14,7 +14,9 @@ resolved (``sources.py``). When a draft built unquantized (``quant_config is Non
 hook hands sglang's own ``load_weights`` the transformed stream (``stream.py``), planned from
 exactly the files sglang streams, while recording every parameter write
 (``guard/writes.py``); afterwards the guard refuses a draft left partly unwritten or holding
-raw codes. With a quant config sglang's loading is what it would be without the plugin.
+raw codes. A draft built with a quant config keeps sglang's own stream, except for the codes
+of its plain ``nn.Linear`` parts (``fc``, ``eh_proj``), and is guarded the same way
+(``quantized_load.py``).
 ``register`` also arms the Ray launch check (``ray_setup.py``): sglang's Ray actors never load
 plugins themselves.
 
@@ -42,6 +44,7 @@ from .drafts import DRAFT_SPECS, DraftSpec, draft_dtype
 from .guard import WriteRecorder, check_loaded_draft
 from .load_record import DraftLoad
 from .ownership import ExpertOwnership
+from .quantized_load import load_quantized_draft
 from .ray_setup import register_launch_guard
 from .stream import DequantizingStream
 
@@ -142,9 +145,13 @@ def sglang_dequantizes_drafts() -> bool:
 
 def make_load_weights_hook(spec: DraftSpec) -> Callable[..., Any]:
     def load_weights_with_dequant(original, model, weights, *args, **kwargs):
-        if _BYPASS.get() or getattr(model, "quant_config", None) is not None:
-            # the user asked for a quantized draft: its quantized layers consume the codes
+        if _BYPASS.get():
             return original(model, weights, *args, **kwargs)
+        if getattr(model, "quant_config", None) is not None:
+            # built quantized: sglang's own load, its plain nn.Linear parts decoded, guarded
+            return load_quantized_draft(
+                original, spec, model, weights, DraftPlanner, *args, **kwargs
+            )
         if sglang_dequantizes_drafts():
             logger.info(
                 "sglang-mtp-dequant: this sglang dequantizes ModelSlim draft weights itself "
@@ -182,8 +189,12 @@ def make_load_weights_hook(spec: DraftSpec) -> Callable[..., Any]:
 class DraftPlanner:
     """Plans one draft load from the files sglang resolved for it, once it starts streaming."""
 
-    def __init__(self, is_draft: Callable[[str], bool]) -> None:
+    def __init__(
+        self, is_draft: Callable[[str], bool], wanted: Callable[[str], bool] | None = None
+    ) -> None:
         self.is_draft = is_draft
+        #: the checkpoint names the plan decides for (default: every draft name)
+        self.wanted = wanted or is_draft
         self.launch = context.draft_launch()
         self.mark = len(context.weight_sources())
         self.folder: str | None = None
@@ -195,7 +206,7 @@ class DraftPlanner:
         if source is None:
             return None
         self.folder = source.folder
-        plan = DequantPlan.build(Checkpoint.open(source, wanted=self.is_draft))
+        plan = DequantPlan.build(Checkpoint.open(source, wanted=self.wanted))
         if fallback and (plan.to_dequantize or plan.errors):
             logger.warning(
                 "sglang-mtp-dequant: sglang's DefaultModelLoader did not report the draft's "

@@ -47,6 +47,8 @@ RAY_LAUNCH_TARGET = "sglang.srt.ray.engine.RayEngine._launch_scheduler_processes
 EXPERT_MAP_METHOD = "_map_global_expert_id_to_local_expert_id"
 #: a parameter attribute FusedMoE sets when a parameter holds every expert on every rank
 GLOBAL_EXPERTS_ATTRIBUTE = "_sglang_require_global_experts"
+#: where BasevLLMParameter keeps the loader its ``weight_loader`` property returns
+V2_LOADER_ATTRIBUTE = "_weight_loader"
 
 LEDGER: tuple[Private, ...] = (
     Private(
@@ -187,6 +189,16 @@ LEDGER: tuple[Private, ...] = (
         remove_when="sglang exposes 'which plugins would load' publicly",
     ),
     Private(
+        name=f"sglang.srt.layers.parameter.BasevLLMParameter.{V2_LOADER_ATTRIBUTE}",
+        why="the write recorder wraps every draft parameter's weight_loader for one load; the "
+        "parameters of quantized layers (compressed-tensors, ModelOpt, ... schemes) are "
+        "BasevLLMParameter, whose weight_loader is a read-only property over this attribute",
+        how="swapped for a wrapper that calls the original with the same arguments, and "
+        "restored when load_weights returns (guard/writes.py, through swap_weight_loader)",
+        read_in="0.5.23",
+        remove_when="sglang reports parameter writes to plugins, or the property gets a setter",
+    ),
+    Private(
         name="sglang.srt.runtime_context (get_model, get_spec, get_server_args, publish, "
         "SpawnRanks)",
         why="the draft's launch path, revision and --download-dir inside a scheduler; the CPU "
@@ -249,6 +261,22 @@ def expert_map(module: Any) -> Any:
     """FusedMoE's global -> local expert mapping of ``module``, or None if it has none."""
     mapping = getattr(module, EXPERT_MAP_METHOD, None)
     return mapping if callable(mapping) else None
+
+
+def swap_weight_loader(param: Any, loader: Any) -> Any:
+    """Make ``loader`` what ``param.weight_loader`` returns; return the function that undoes
+    it. A plain parameter holds the attribute itself (or none: sglang's loaders then use
+    ``default_weight_loader``); a ``BasevLLMParameter`` answers it from a read-only property."""
+    if isinstance(getattr(type(param), "weight_loader", None), property):
+        saved = getattr(param, V2_LOADER_ATTRIBUTE)
+        setattr(param, V2_LOADER_ATTRIBUTE, loader)
+        return lambda: setattr(param, V2_LOADER_ATTRIBUTE, saved)
+    if "weight_loader" in vars(param):
+        saved = vars(param)["weight_loader"]
+        param.weight_loader = loader
+        return lambda: setattr(param, "weight_loader", saved)
+    param.weight_loader = loader
+    return lambda: delattr(param, "weight_loader")
 
 
 def holds_global_experts(param: Any) -> bool:

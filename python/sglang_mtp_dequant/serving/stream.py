@@ -71,6 +71,7 @@ class DequantizingStream:
         owned: ExpertOwnership | None = None,
         missing_plan_hint: str = "",
         observer: Callable[[str, torch.Tensor], None] | None = None,
+        refuse_raw_codes: bool = True,
     ) -> None:
         self.planner = planner
         self.plan: DequantPlan | None = None
@@ -83,6 +84,9 @@ class DequantizingStream:
         self.streamed: dict[str, torch.dtype] = {}
         #: told of each draft tensor handed to sglang (the completeness audit)
         self.observer = observer
+        #: refuse a draft weight streaming as codes the plan does not decode (an unquantized
+        #: draft); off for a quantized draft, whose quantized layers consume codes
+        self.refuse_raw_codes = refuse_raw_codes
 
     def apply(self, weights: Weights) -> Iterator[tuple[str, torch.Tensor]]:
         iterator = iter(weights)
@@ -98,11 +102,15 @@ class DequantizingStream:
                 self.streamed[name] = tensor.dtype
             entry = entries.get(name)
             if entry is not None:
-                yield self._hand_on(name, self._decode(name, tensor, entry), draft)
+                decoded = self._decode(name, tensor, entry)
+                if decoded is not tensor and entry.output_name != name:
+                    yield self._hand_on(name, decoded, draft, as_name=entry.output_name)
+                else:
+                    yield self._hand_on(name, decoded, draft)
             elif name in consumed:
                 self.stats.companions_consumed += 1
             else:
-                if draft and _is_code_weight(name, tensor):
+                if draft and self.refuse_raw_codes and _is_code_weight(name, tensor):
                     raise DraftWeightError(
                         tensor=name,
                         file=None,
@@ -115,10 +123,13 @@ class DequantizingStream:
                     )
                 yield self._hand_on(name, tensor, draft)
 
-    def _hand_on(self, name: str, tensor: torch.Tensor, draft: bool) -> tuple[str, torch.Tensor]:
+    def _hand_on(
+        self, name: str, tensor: torch.Tensor, draft: bool, as_name: str | None = None
+    ) -> tuple[str, torch.Tensor]:
+        """``(as_name or name, tensor)`` for sglang; the observer is told the stored name."""
         if draft and self.observer is not None:
             self.observer(name, tensor)
-        return name, tensor
+        return as_name or name, tensor
 
     def _decode(self, name: str, tensor: torch.Tensor, entry) -> torch.Tensor:
         if not is_code_dtype(tensor.dtype):

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...errors import SettingError
+from ..plain_parts import quant_owned
 from .report import (
     MODE_ENV,
     Finding,
@@ -113,9 +114,13 @@ def check_loaded_draft(model: torch.nn.Module, load: DraftLoad) -> list[Finding]
         )
         for name, what in unwritten.items()
     ]
-    # values of the complete ones (a part never written holds whatever memory held)
+    # values of the complete ones (a part never written holds whatever memory held), except
+    # those a quantization method owns: codes and scales in its own layout by design
+    owned = quant_owned(model)
     written = {
-        n: writes.params[n] for n in sorted(writes.written_parameters()) if n not in unwritten
+        n: writes.params[n]
+        for n in sorted(writes.written_parameters())
+        if n not in unwritten and n not in owned
     }
     findings += inspect_parameters(written, sources)
     if not findings:

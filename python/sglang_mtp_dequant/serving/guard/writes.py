@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from ...formats.naming import DEFAULT_PACKED
-from ..sglang_private import expert_map
+from ..sglang_private import expert_map, swap_weight_loader
 
 _ALL = ("all",)
 
@@ -63,7 +63,7 @@ class WriteRecorder:
         }
         self.written: dict[str, set[tuple]] = {name: set() for name in self.params}
         self._expected: dict[str, set[tuple] | None] = {}
-        self._saved: list[tuple[torch.nn.Parameter, bool, Any]] = []
+        self._undo: list[Callable[[], Any]] = []
         self._lock = threading.Lock()
         self._main = threading.get_ident()
         self._current: str | None = None
@@ -85,20 +85,15 @@ class WriteRecorder:
         from sglang.srt.model_loader.weight_utils import default_weight_loader
 
         for name, param in self.params.items():
-            had = "weight_loader" in vars(param)
             original = getattr(param, "weight_loader", default_weight_loader)
-            self._saved.append((param, had, original))
             self._expected[name] = _expected_parts(getattr(original, "__self__", None), name)
-            setattr(param, "weight_loader", self._recording(name, original))  # noqa: B010
+            self._undo.append(swap_weight_loader(param, self._recording(name, original)))
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        for param, had, original in self._saved:
-            if had:
-                setattr(param, "weight_loader", original)  # noqa: B010 - sglang's attribute
-            else:
-                delattr(param, "weight_loader")
-        self._saved.clear()
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
         self._trace_stacked()
 
     def on_streamed(self, name: str, tensor: torch.Tensor) -> None:

@@ -1,0 +1,58 @@
+"""Which parameters of a built draft a quantization method owns, and which are plain.
+
+Usage::
+
+    owned = quant_owned(model)       # {"model.layers.0.qkv_proj.weight_packed", ...}
+    linears = plain_linears(model)   # {"fc": ("fc",)}: nn.Linear modules, by name tokens
+    feeds_plain_linear("mtp.fc.weight_packed", linears)      # True
+
+Why: a draft sglang builds with a quant config holds two kinds of parameters. Those of a
+layer whose quantization method is a real one (``CompressedTensorsLinearMethod``, ...) are the
+method's: packed codes, scales, shapes, in whatever dtype the kernel wants, so only whether
+they were written can be judged. The rest (``fc`` / ``eh_proj``, which every MTP class builds
+as a plain ``nn.Linear``, the norms, a layer the config ignores) are ordinary float weights:
+codes in them are the bug this package exists for. The plain ``nn.Linear`` parts are also
+where a quantized export's codes land with nothing to consume them, so the plugin decodes
+what streams into them (``quantized_load.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..formats.naming import tokens
+
+
+def quant_owned(model: torch.nn.Module) -> set[str]:
+    """Parameter names of the layers a (non-trivial) quantization method builds."""
+    owned = set()
+    for module_name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if method is None or type(method).__name__.startswith("Unquantized"):
+            continue
+        for param_name, _ in module.named_parameters(recurse=False):
+            owned.add(f"{module_name}.{param_name}" if module_name else param_name)
+    return owned
+
+
+def plain_linears(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
+    """Each ``torch.nn.Linear`` of the draft (sglang's own linear layers are not ``nn.Linear``)
+    -> its name tokens as a checkpoint would spell them (``naming.tokens``)."""
+    return {
+        name: tokens(name)
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear)
+    }
+
+
+def feeds_plain_linear(name: str, linears: dict[str, tuple[str, ...]]) -> bool:
+    """Whether checkpoint tensor ``name`` (``X.<part>``) belongs to one of ``linears``: ``X``
+    spelled with the same tokens, after the ``layers.<n>`` a NextN checkpoint puts its draft
+    layer under (``model.layers.61.eh_proj`` is the draft's ``model.eh_proj``)."""
+    base = tokens(name.rpartition(".")[0])
+    if not base:
+        return False
+    candidates = {base}
+    if len(base) > 2 and base[0] == "layers" and base[1].isdigit():
+        candidates.add(base[2:])
+    return any(t in candidates for t in linears.values())
