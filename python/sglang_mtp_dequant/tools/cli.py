@@ -5,6 +5,8 @@ Usage::
     sglang-mtp-dequant doctor /models/Qwen3.5-27B-w8a8          # table, verdict last
     sglang-mtp-dequant doctor acme/Qwen3.5-27B-w8a8 --download-dir /data/hub --json
     sglang-mtp-dequant verify /models/Qwen3.5-27B-w8a8 [--reference mtp_float.safetensors]
+    sglang-mtp-dequant doctor /models/q35-w4a16 --device cuda --speculative-algorithm EAGLE
+    sglang-mtp-dequant doctor -- python -m sglang.launch_server --model-path /m --device cuda
     sglang-mtp-dequant --version
 
 PATH is what sglang gets as ``--model-path``: a folder, a Hugging Face snapshot folder, or a
@@ -14,7 +16,9 @@ a path that is not there, a file, a folder without config.json or weights, a mis
 ``--reference`` are answered at once. Both commands then import sglang to resolve and build
 the checkpoint's draft as it would; sglang's own output (import-time warnings, its loader's
 log lines and progress bars) and this plugin's log lines go to a log file of this run, named
-last, or to the terminal with ``-v``. The exit status is the verdict's (``verdicts.py``).
+last, or to the terminal with ``-v``; progress lines go to stderr, the answer (text or
+``--json``) alone to stdout. Any other flags are sglang launch flags (``launch.py``): the answer
+is for that launch. The exit status is the verdict's (``verdicts.py``).
 """
 
 from __future__ import annotations
@@ -56,17 +60,24 @@ def _parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser(
         "doctor",
         help="list every draft tensor, the planned action and a verdict",
-        epilog=help_text(),
+        usage="%(prog)s [options] PATH [sglang launch flags] | [options] -- LAUNCH COMMAND",
+        epilog=LAUNCH_HELP + help_text(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     verify = sub.add_parser(
         "verify",
         help="load sglang's draft on the CPU, stock and with the plugin, and compare",
-        epilog=help_text(),
+        usage="%(prog)s [options] PATH [sglang launch flags] | [options] -- LAUNCH COMMAND",
+        epilog=LAUNCH_HELP + help_text(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     for command in (doctor, verify):
-        command.add_argument("path", help="checkpoint folder, snapshot folder or cached hub id")
+        command.add_argument(
+            "path",
+            nargs="?",
+            help="checkpoint folder, snapshot folder or cached hub id (or --model-path in the "
+            "launch command after --)",
+        )
         command.add_argument("--download-dir", help="sglang's --download-dir (a hub cache)")
         command.add_argument("--revision", help="sglang's --revision for a hub id")
         command.add_argument(
@@ -89,22 +100,81 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+LAUNCH_HELP = """
+sglang launch flags: any flags of `python -m sglang.launch_server` after PATH (--device
+npu|cuda|cpu, --quantization, --speculative-algorithm, --speculative-draft-model-path,
+--speculative-draft-model-quantization, --tp-size, --ep-size, ...), or the whole command after
+`--`: `sglang-mtp-dequant doctor -- python -m sglang.launch_server --model-path M --device cuda`.
+They are read by sglang's own ServerArgs parser; the answer is for that launch (platform
+answers stood in on this machine, and said). Without them: as on NPU, draft quantization unset.
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command_words: list[str] | None = None
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, command_words = argv[:cut], argv[cut + 1 :]
+    args, flags = _parser().parse_known_args(argv)
+    args.launch_words = command_words if command_words is not None else flags
+    args.whole_command = command_words is not None
+    if command_words is not None and flags:
+        _parser().error(f"unrecognized arguments before --: {' '.join(flags)}")
+    if args.path is None and not args.whole_command:
+        _parser().error("give PATH, or the launch command after --")
+    if args.path is None:
+        from .launch import checkpoint_in
+
+        args.path = checkpoint_in(args.launch_words)
+        if args.path is None:
+            _parser().error("the launch command after -- has no --model-path")
+        args.path_in_command = True
+    else:
+        args.path_in_command = False
     early = _preflight(args)
     if early is not None:
         print(early)
         return EXIT_CODES[ERROR]
     log = None if args.verbose else (os.path.abspath(args.log) if args.log else _new_log(args))
     with _sglang_output(log) as say:
-        if args.command == "doctor":
-            code, text = _doctor(args, log)
+        launch, wrong = _launch(args)
+        if wrong is not None:
+            code, text = EXIT_CODES[ERROR], _usage_answer(args, wrong, log)
+        elif args.command == "doctor":
+            code, text = _doctor(args, log, launch)
         else:
-            code, text = _verify(args, say, log)
+            code, text = _verify(args, say, log, launch)
     print(text)
     if log is not None:
         print(f"(sglang's own output: {log})", file=sys.stderr)
     return code
+
+
+def _launch(args: argparse.Namespace):
+    """``(Launch, None)`` from the user's flags (or None without flags), or ``(None, why)``."""
+    from .launch import LaunchError, parse_launch
+
+    words = list(args.launch_words)
+    for flag, value in (("--download-dir", args.download_dir), ("--revision", args.revision)):
+        if value is not None:
+            words += [flag, value]
+    if not words:
+        return None, None
+    try:
+        path = None if args.path_in_command else args.path
+        return parse_launch(path, words), None
+    except LaunchError as exc:
+        return None, str(exc)
+
+
+def _usage_answer(args: argparse.Namespace, wrong: str, log: str | None) -> str:
+    if args.json:
+        return json.dumps(
+            {"verdict": ERROR, "reason": wrong, "requested": args.path, "problems": [wrong],
+             "log": log}, indent=2)  # fmt: skip
+    head = f"sglang-mtp-dequant {args.command}: {args.path}"
+    return f"{head}\n  problem: {wrong}\n\nverdict: error - {wrong}"
 
 
 def _new_log(args: argparse.Namespace) -> str:
@@ -148,8 +218,9 @@ def _input_error_json(args: argparse.Namespace, wrong) -> dict:
 @contextlib.contextmanager
 def _sglang_output(log: str | None) -> Iterator[Callable[[str], None]]:
     """Send everything written to stdout and stderr (sglang's warnings, log lines, progress
-    bars) and this plugin's INFO lines to ``log``; yield a function that still prints to the
-    terminal. ``log=None`` (``-v``): everything on the terminal, the plugin's INFO lines too."""
+    bars) and this plugin's INFO lines to ``log``; yield a function that still prints progress
+    to the terminal's stderr (stdout carries the answer only, so ``--json | jq`` works).
+    ``log=None`` (``-v``): everything on the terminal's stderr, the plugin's INFO lines too."""
     plugin_log = logging.getLogger("sglang_mtp_dequant")
     level = plugin_log.level
     plugin_log.setLevel(logging.INFO)
@@ -157,7 +228,7 @@ def _sglang_output(log: str | None) -> Iterator[Callable[[str], None]]:
         handler = logging.StreamHandler(sys.stderr)
         plugin_log.addHandler(handler)
         try:
-            yield lambda line: print(line, flush=True)
+            yield lambda line: print(line, file=sys.stderr, flush=True)
         finally:
             plugin_log.removeHandler(handler)
             plugin_log.setLevel(level)
@@ -175,8 +246,8 @@ def _sglang_output(log: str | None) -> Iterator[Callable[[str], None]]:
         try:
             with contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
 
-                def to_terminal(line: str) -> None:
-                    os.write(saved[0], f"{line}\n".encode())
+                def to_terminal(line: str) -> None:  # progress: stderr, stdout is the answer
+                    os.write(saved[1], f"{line}\n".encode())
 
                 yield to_terminal
         finally:
@@ -190,7 +261,7 @@ def _sglang_output(log: str | None) -> Iterator[Callable[[str], None]]:
             os.close(saved[1])
 
 
-def _doctor(args: argparse.Namespace, log: str | None) -> tuple[int, str]:
+def _doctor(args: argparse.Namespace, log: str | None, launch) -> tuple[int, str]:
     from .doctor import diagnose, render_text
 
     report = diagnose(
@@ -198,6 +269,7 @@ def _doctor(args: argparse.Namespace, log: str | None) -> tuple[int, str]:
         download_dir=args.download_dir,
         revision=args.revision,
         dry_run=not args.no_dry_run,
+        launch=launch,
     )
     if args.json:
         text = json.dumps({**report.to_json(), "log": log}, indent=2)
@@ -206,7 +278,7 @@ def _doctor(args: argparse.Namespace, log: str | None) -> tuple[int, str]:
     return EXIT_CODES[report.verdict], text
 
 
-def _verify(args: argparse.Namespace, say: Callable[[str], None], log: str | None):
+def _verify(args: argparse.Namespace, say: Callable[[str], None], log: str | None, launch):
     from .verdicts import VERIFY_SCHEMA_VERSION as SCHEMA_VERSION
     from .verify import render_verify, run_verify
 
@@ -217,6 +289,7 @@ def _verify(args: argparse.Namespace, say: Callable[[str], None], log: str | Non
             revision=args.revision,
             reference=args.reference,
             say=say,
+            launch=launch,
         )
     except (CheckpointFormatError, DraftWeightError) as exc:
         if args.json:

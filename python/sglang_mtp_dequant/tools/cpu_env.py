@@ -125,17 +125,21 @@ def placeholder_vllm_rotary() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def cuda_capability_answered() -> Iterator[None]:
-    """Answer ``torch.cuda.get_device_capability()`` with ``(0, 0)`` off CUDA (see the module
-    docstring); on a machine with CUDA nothing changes."""
+def cuda_capability_answered(
+    capability: tuple[int, int] = (0, 0), note: str = CUDA_CAPABILITY_NOTE
+) -> Iterator[None]:
+    """Answer ``torch.cuda.get_device_capability()`` with ``capability`` off CUDA, recording
+    ``note`` when sglang asks (see the module docstring; ``(0, 0)`` while publishing, an sm90
+    answer while a draft is built for ``--device cuda``, ``tools/launch.py``); on a machine with
+    CUDA nothing changes."""
     if torch.cuda.is_available():
         yield
         return
     real = torch.cuda.get_device_capability
 
     def get_device_capability(device=None) -> tuple[int, int]:
-        _USED["cuda-capability"] = CUDA_CAPABILITY_NOTE
-        return (0, 0)
+        _USED[note] = note
+        return capability
 
     torch.cuda.get_device_capability = get_device_capability
     try:

@@ -13,8 +13,9 @@ Usage::
 The doctor's answers to "how is the draft built?" and "will every draft parameter be filled?"
 come from sglang's own code: its draft ``ModelConfig`` (``is_draft_model=True``: the draft
 quantization from config.json's ``quantization_config`` when unset), its quantization config,
-and its draft class built on the ``meta`` device (no memory) with the class's own quantization
-rule answering as on NPU (``cpu_env.npu_quantization_rule``). Its own ``load_weights`` is then
+and its draft class built on the ``meta`` device (no memory) for the user's launch flags, the
+platform's answers stood in (``launch.py``: NPU by default, the class's own quantization rule
+answering as there). Its own ``load_weights`` is then
 fed a meta tensor of each draft tensor's header shape and dtype, through the plugin's stream
 when the plugin acts, as stock sglang otherwise, with the write recorder the server uses
 (``guard/writes.py``). Loaders decide by names and shapes, never by values, so the record is
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -33,8 +34,12 @@ from ..formats.checkpoint import Checkpoint, dtype_name, is_code_dtype
 from ..formats.plan import DequantPlan
 from ..serving.drafts import DraftSpec, draft_dtype
 from ..serving.guard import WriteRecorder
+from ..serving.plain_parts import quant_owned
 from ..serving.plugin import bypassed
 from ..serving.stream import DequantizingStream
+
+if TYPE_CHECKING:
+    from .launch import Launch
 
 
 @dataclass
@@ -80,25 +85,32 @@ class Coverage:
     codes_in_float: dict[str, list[str]] = field(default_factory=dict)
 
 
-def build_meta_draft(folder: str) -> Built:
-    """sglang's draft for the checkpoint in ``folder`` (see the module docstring).
+def build_meta_draft(folder: str, launch: Launch | None = None) -> Built:
+    """sglang's draft for the checkpoint in ``folder`` (see the module docstring), for the
+    user's ``launch`` (its flags published, its platform stood in; default: NPU, no flags).
 
     Raises whatever sglang raises building it."""
-    from .cpu_env import npu_quantization_rule
     from .cpu_sglang import build_draft, draft_model_config, prepare_cpu_process
+    from .launch import default_launch
 
-    prepare_cpu_process(folder)
+    launch = launch or default_launch(folder)
+    prepare_cpu_process(folder, **launch.server_args())
     model_config = draft_model_config(folder)
-    with npu_quantization_rule():
+    with launch.platform():
         model = build_draft(model_config, device="meta")
     return Built(model_config, model)
 
 
 def simulate_load(
-    built: Built, checkpoint: Checkpoint, plan: DequantPlan | None, spec: DraftSpec | None
+    built: Built,
+    checkpoint: Checkpoint,
+    plan: DequantPlan | None,
+    spec: DraftSpec | None,
+    quantized: bool = False,
 ) -> Coverage:
     """Dry-run sglang's load of the draft: through the plugin's stream with ``plan``, or as
-    stock sglang with ``plan=None`` (a draft the plugin does not act on).
+    stock sglang with ``plan=None``. ``quantized``: a draft built quantized, whose stream keeps
+    every code the plan does not decode (its quantized layers consume them).
 
     Raises whatever the class's loader raises on the meta device.
     """
@@ -110,7 +122,11 @@ def simulate_load(
         stream = None
         if plan is not None:
             stream = DequantizingStream(
-                lambda: plan, draft_dtype(model), names, observer=writes.on_streamed
+                lambda: plan,
+                draft_dtype(model),
+                names,
+                observer=writes.on_streamed,
+                refuse_raw_codes=not quantized,
             )
             weights = stream.apply(_header_tensors(checkpoint))
         else:
@@ -118,14 +134,19 @@ def simulate_load(
         with bypassed():  # sglang's own load_weights (fed the plugin's stream if planned)
             cast(Any, model).load_weights(weights)
     coverage = Coverage(built.class_name, built.dtype, writes.unwritten(), writes.skipped_names())
-    if plan is None:
-        for parameter, sources in writes.fed_by.items():
-            param = writes.params.get(parameter)
-            if param is None or is_code_dtype(param.dtype) or not param.is_floating_point():
-                continue
-            codes = [s for s in sources if is_code_dtype(dtypes.get(s, torch.float32))]
-            if codes:
-                coverage.codes_in_float[parameter] = codes
+    owned = quant_owned(model)  # codes by design
+    decoded = set(plan.to_dequantize) if plan is not None else set()
+    for parameter, sources in writes.fed_by.items():
+        param = writes.params.get(parameter)
+        if param is None or parameter in owned or not param.is_floating_point():
+            continue
+        if is_code_dtype(param.dtype):
+            continue
+        codes = [
+            s for s in sources if s not in decoded and is_code_dtype(dtypes.get(s, torch.float32))
+        ]
+        if codes:
+            coverage.codes_in_float[parameter] = codes
     return coverage
 
 

@@ -22,6 +22,7 @@ tensors only (never a weight).
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from ...errors import CheckpointFormatError
 from ...formats.checkpoint import Checkpoint, TensorInfo
@@ -41,6 +42,9 @@ from ..preflight import check_model_path
 from ..resolve import resolve_checkpoint
 from .model import Diagnosis, TensorRow
 
+if TYPE_CHECKING:
+    from ..launch import Launch
+
 
 def diagnose(
     path: str,
@@ -48,6 +52,7 @@ def diagnose(
     download_dir: str | None = None,
     revision: str | None = None,
     dry_run: bool = True,
+    launch: Launch | None = None,
 ) -> Diagnosis:
     """Everything the doctor reports about ``path``; never raises on a bad checkpoint.
 
@@ -55,11 +60,17 @@ def diagnose(
     in the local cache (``download_dir`` and ``revision`` as sglang's ``--download-dir`` and
     ``--revision``). ``dry_run=False`` skips building the draft class: no parameter coverage
     and no answer from the class's own quantization rule (the verdict is then ``unchecked``).
+    ``launch``: the user's sglang launch flags (``tools/launch.py``); None: as on NPU with the
+    draft quantization unset.
     """
     from ..cpu_env import forget_stand_ins
+    from ..launch import DEFAULT_ANSWER
 
     forget_stand_ins()
     report = Diagnosis(requested=path)
+    report.launch = launch.describe() if launch is not None else DEFAULT_ANSWER
+    if launch is not None:
+        report.notes.extend(launch.notes())
     wrong = check_model_path(path, download_dir=download_dir)
     if wrong is not None:
         report.error_kind = wrong.kind
@@ -74,7 +85,7 @@ def diagnose(
     report.files = len(source.files)
     config = _read_config(report)
     spec = _draft_spec(report, config)
-    built = _build(report, source) if dry_run and config is not None else None
+    built = _build(report, source, launch) if dry_run and config is not None else None
     if built is not None:
         spec = spec_for_class(type(built.model))
         report.hooked = spec is not None
@@ -106,9 +117,14 @@ def diagnose(
         )
     codes = [t for t in report.tensors if t.codes and t.action != "pass"]
     report.plugin_acts = spec is not None and (built is None or built.quant_config is None)
-    if built is not None and built.quant_config is not None:
+    quantized = built is not None and built.quant_config is not None
+    plain_plan = None
+    if quantized:
         _left_to_sglang(report, built)
         codes = []
+        if spec is not None:
+            plain_plan = _plain_parts(report, built, ckpt, is_draft)
+            codes = [t for t in report.tensors if t.codes and t.action != "pass"]
     if codes and spec is None:
         report.unsupported = (
             f"{len(codes)} draft tensors hold codes, but sglang builds "
@@ -120,22 +136,25 @@ def diagnose(
     report.stock = _stock_summary(report, codes)
     _notes(report, ckpt, built)
     if built is not None and report.tensors:
-        if report.plugin_acts and plan.errors:
+        refused = plan.errors if report.plugin_acts else (plain_plan.errors if plain_plan else [])
+        if refused:
             report.unchecked.append(
                 "no dry run of the load: the plugin refuses the tensors above before sglang's "
                 "loaders would see any; run the doctor again once they are fixed"
             )
+        elif quantized:
+            _dry_run(report, built, ckpt, plain_plan, spec, quantized=True)
         else:
             _dry_run(report, built, ckpt, plan if report.plugin_acts else None, spec)
     return report
 
 
-def _build(report: Diagnosis, source):
+def _build(report: Diagnosis, source, launch: Launch | None):
     """sglang's draft on the meta device, or None (said as what could not be checked)."""
     try:
         from ..dryrun import build_meta_draft
 
-        built = build_meta_draft(source.folder)
+        built = build_meta_draft(source.folder, launch)
     except Exception as exc:  # noqa: BLE001 - no build, said so; the rest still stands
         report.dry_run = f"not run ({type(exc).__name__}: {exc})"
         report.unchecked.append(
@@ -153,18 +172,50 @@ def _build(report: Diagnosis, source):
     )
     if built.quant_config is None:
         report.built = (
-            f"{picked}; {built.class_name} is built unquantized (asked as on NPU, with "
-            "--speculative-draft-model-quantization unquant or unset): the plugin's hook acts"
+            f"{picked}; {built.class_name} is built unquantized: the plugin's hook acts"
             if built.quantization is None
-            else f"{picked}; {built.class_name}'s own rule builds it unquantized (asked as on "
-            "NPU, the draft quantization unset): the plugin's hook acts"
+            else f"{picked}; {built.class_name}'s own rule builds it unquantized: the "
+            "plugin's hook acts"
         )
     else:
         report.built = (
             f"{picked}; {built.class_name} is built quantized ({built.quant_config}): its "
-            "quantized layers consume the codes, and the plugin's hook leaves the load to sglang"
+            "quantized layers consume their codes; the plugin's hook keeps sglang's stream, "
+            "decodes what its plain nn.Linear parts receive and checks every write"
         )
     return built
+
+
+def _plain_parts(report: Diagnosis, built, ckpt: Checkpoint, is_draft) -> DequantPlan:
+    """A quantized draft: the plugin's plan for the tensors of its plain ``nn.Linear`` parts
+    (``fc`` / ``eh_proj``), which no quantization method reads; their rows replace the
+    'pass' rows."""
+    from dataclasses import replace
+
+    from ...serving.plain_parts import feeds_plain_linear, plain_linears
+
+    linears = plain_linears(built.model)
+    mine = {n: i for n, i in ckpt.tensors.items() if is_draft(n) and feeds_plain_linear(n, linears)}
+    plan = DequantPlan.build(replace(ckpt, tensors=mine))
+    rows = {entry.info.name: _row(entry) for entry in plan.entries.values()}
+    for row in rows.values():
+        if row.action == "dequantize":
+            row.reason += (
+                " (a plain nn.Linear of the quantized draft: no quantization method reads it)"
+            )
+            row.stock = _stock_quantized(row)
+    consumed = plan.consumed
+    report.tensors = [
+        rows.get(t.name, t) for t in report.tensors if t.name not in consumed or t.name in rows
+    ]
+    return plan
+
+
+def _stock_quantized(row: TensorRow) -> str:
+    """What stock sglang does with a code tensor meant for a plain ``nn.Linear``."""
+    if row.name.endswith(".weight"):
+        return "copies the raw codes into the float parameter, its scale dropped: silent misload"
+    return "skipped by sglang's loader (no such parameter): the float parameter stays unwritten"
 
 
 def _draft_names(spec, built, config):
@@ -267,11 +318,11 @@ def _quarot_note(report: Diagnosis, ckpt: Checkpoint, built) -> None:
         )
 
 
-def _dry_run(report: Diagnosis, built, ckpt: Checkpoint, plan, spec) -> None:
+def _dry_run(report: Diagnosis, built, ckpt: Checkpoint, plan, spec, quantized=False) -> None:
     try:
         from ..dryrun import simulate_load
 
-        coverage = simulate_load(built, ckpt, plan, spec)
+        coverage = simulate_load(built, ckpt, plan, spec, quantized=quantized)
     except Exception as exc:  # noqa: BLE001 - no coverage, said so; the rest still stands
         report.dry_run = f"not run ({type(exc).__name__}: {exc})"
         report.unchecked.append(
@@ -280,22 +331,30 @@ def _dry_run(report: Diagnosis, built, ckpt: Checkpoint, plan, spec) -> None:
         )
         return
     how = "through the plugin's stream" if plan is not None else "as stock sglang"
+    if quantized:
+        how = f"built quantized ({built.quant_config}), through the plugin's stream"
     report.dry_run = f"{coverage.class_name} on the meta device, {how}"
     if plan is not None and any(t.action == "dequantize" for t in report.tensors):
-        _stock_dry_run(report, built, ckpt, spec)
+        _stock_dry_run(report, built, ckpt, spec, quantized)
     report.unfilled = coverage.unwritten
     report.skipped = coverage.skipped
     # an unhooked class: the misload is why the draft is unsupported, said beside it
     found = report.notes if spec is None and built.quant_config is None else report.problems
     for parameter, sources in coverage.codes_in_float.items():
+        who = (
+            "sglang's loader copies"
+            if spec is not None
+            else "stock sglang copies (the plugin does not hook this class)"
+        )
         found.append(
-            f"{parameter} is a float parameter of {coverage.class_name}, but stock sglang copies "
-            f"the raw codes of {', '.join(sources)} into it (the plugin does not act on this "
-            "draft): the draft proposes garbage; export that layer unquantized"
+            f"{parameter} is a float parameter of {coverage.class_name} that no quantization "
+            f"method owns, but {who} the raw codes of {', '.join(sources)} into it, with no "
+            "scale: the draft proposes garbage; export that layer unquantized or in a format "
+            "compressed-tensors decodes"
         )
 
 
-def _stock_dry_run(report: Diagnosis, built, ckpt: Checkpoint, spec) -> None:
+def _stock_dry_run(report: Diagnosis, built, ckpt: Checkpoint, spec, quantized=False) -> None:
     """Stock sglang's own loader on the same meta draft, without the plugin's stream.
 
     The per-tensor prediction (``_stock_for``) cannot see a loader that stops on a companion
@@ -305,7 +364,15 @@ def _stock_dry_run(report: Diagnosis, built, ckpt: Checkpoint, spec) -> None:
     from ..dryrun import simulate_load
 
     try:
-        simulate_load(built, ckpt, None, spec)
+        stock = simulate_load(built, ckpt, None, spec)
+        if quantized and (stock.unwritten or stock.codes_in_float):
+            broken = [*stock.unwritten, *stock.codes_in_float]
+            report.stock = (
+                f"stock sglang {sglang_version()} builds {built.class_name} quantized "
+                f"({built.quant_config}) and loads it with no error, but {', '.join(broken)} "
+                "would hold uninitialised memory or raw codes (seen in a dry run of sglang's "
+                "own load_weights without the plugin): the draft proposes garbage"
+            )
     except Exception as exc:  # noqa: BLE001 - stock sglang's own failure, reported as such
         report.stock = (
             f"stock sglang {sglang_version()} builds {built.class_name} unquantized and its "

@@ -61,6 +61,7 @@ class Diagnosis:
     draft_quantization: str | None = None
     built_quantized: str | None = None
     built: str = ""  # how sglang builds the draft, one sentence
+    launch: str = ""  # for which launch (flags, platform stood in) the answer was asked
     plugin_acts: bool = False
     plugin_active: bool | None = None  # sglang would load the plugin here (None: not asked)
     plugin_activation: str = ""
@@ -103,10 +104,17 @@ class Diagnosis:
             return self.unsupported
         if verdict == UNCHECKED:
             return "nothing wrong found, but not checked: " + "; ".join(self.unchecked)
-        if not self.plugin_acts and any(t.action == "pass" and t.codes for t in self.tensors):
+        if self.built_quantized:
+            decoded = [t.name for t in self.tensors if t.action == "dequantize"]
+            if decoded:
+                return (
+                    f"sglang builds the draft quantized ({self.built_quantized}) and loads its "
+                    f"quantized layers itself; the plugin decodes {', '.join(decoded)} (a plain "
+                    "nn.Linear no quantization method reads) and every parameter is filled"
+                )
             return (
-                f"sglang builds the draft quantized ({self.built_quantized}); the plugin "
-                "leaves it alone"
+                f"sglang builds the draft quantized ({self.built_quantized}) and fills every "
+                "parameter itself; the plugin only checks the load"
             )
         if any(t.action == "dequantize" for t in self.tensors):
             return "the plugin loads this draft as correct float weights"
@@ -135,6 +143,7 @@ class Diagnosis:
             "draft_quantization": self.draft_quantization,
             "built_quantized": self.built_quantized,
             "built": self.built,
+            "launch": self.launch,
             "plugin_acts": self.plugin_acts,
             "plugin_active": self.plugin_active,
             "plugin_activation": self.plugin_activation,

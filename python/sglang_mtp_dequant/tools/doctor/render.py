@@ -43,6 +43,8 @@ def render_text(report: Diagnosis) -> str:
             f"  architecture: {report.architecture or '?'} -> draft class "
             f"{report.draft_class or '(none this plugin hooks)'}{hooked}"
         )
+    if report.launch:
+        lines.append(f"  launch: {report.launch}")
     if report.built:
         lines.append(f"  built: {report.built}")
     if report.plugin_activation:

@@ -17,6 +17,11 @@ these straightforward whole-tensor fp32 formulas, written from ModelSlim's forma
   ``(q - offset) * scale``
 - float8 with ``weight_scale_inv`` (one per 128 x 128 block, power-of-two blocks) or
   ``weight_scale`` (per tensor or channel): ``q * scale``
+- compressed-tensors (from its format, not its code): int-quantized ``q * weight_scale``
+  (``- weight_zero_point``); pack-quantized 4 bit: eight codes per int32 along ``in``, lowest
+  bits first, stored as ``q + 8``, ``q * weight_scale`` per group; nvfp4-pack-quantized: two
+  e2m1 codes a byte (low nibble first), ``e2m1 * weight_scale / weight_global_scale`` per 16
+- ModelOpt NVFP4: the same bytes, ``e2m1 * (weight_scale * weight_scale_2)`` per 16 inputs
 - MX (a uint8 E8M0 ``weight_scale``, one per 32 inputs): float8_e4m3fn codes, or uint8 bytes of
   two e2m1 codes (even column low nibble), times ``2 ** (byte - 127)``, times
   ``weight_dual_scale`` per power-of-two block for W4A4_MXFP4_DUALSCALE; computed in float64
@@ -72,6 +77,13 @@ def independent_dequantize(
     q = tensors[name]
     if q.dim() != 2:
         return None
+    if described in (
+        "compressed-tensors pack-quantized",
+        "compressed-tensors nvfp4-pack-quantized",
+    ):
+        return _compressed_tensors_packed(tensors, name)
+    if described == "ModelOpt NVFP4":
+        return _modelopt_nvfp4(tensors, name)
     companion = {
         suffix: tensors[n]
         for suffix, names in naming.companion_names(name).items()
@@ -175,3 +187,66 @@ def _mx(q: torch.Tensor, exponents: torch.Tensor, dual: torch.Tensor | None) -> 
             return None
         w = w * dual.repeat_interleave(size, dim=1)[:, :cols]
     return w.float()
+
+
+#: e2m1 by its 4-bit code (sign bit high), as compressed-tensors and ModelOpt pack it
+_E2M1_SIGNED = (
+    0.0,
+    0.5,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    4.0,
+    6.0,
+    -0.0,
+    -0.5,
+    -1.0,
+    -1.5,
+    -2.0,
+    -3.0,
+    -4.0,
+    -6.0,
+)
+
+
+def _compressed_tensors_packed(
+    tensors: Mapping[str, torch.Tensor], name: str
+) -> torch.Tensor | None:
+    """A compressed-tensors ``X.weight_packed`` (4-bit ints in int32, or nvfp4 in uint8)."""
+    base = name.rpartition(".")[0]
+    packed, scale = tensors[name], tensors.get(f"{base}.weight_scale")
+    if scale is None:
+        return None
+    if packed.dtype == torch.uint8:
+        global_scale = tensors.get(f"{base}.weight_global_scale")
+        if global_scale is None:
+            return None
+        q = _e2m1(packed)
+        s = _expand(scale.float() / global_scale.float().reshape(()), *q.shape)
+        return None if s is None else q * s
+    shape = tensors.get(f"{base}.weight_shape")
+    if packed.dtype != torch.int32 or shape is None or f"{base}.weight_zero_point" in tensors:
+        return None
+    words = packed.to(torch.int64) & 0xFFFFFFFF
+    codes = torch.stack([(words >> (4 * i)) & 0xF for i in range(8)], dim=-1)
+    rows, cols = (int(d) for d in shape.tolist())
+    q = codes.reshape(packed.shape[0], -1)[:rows, :cols].float() - 8
+    s = _expand(scale, rows, cols)
+    return None if s is None else q * s
+
+
+def _e2m1(packed: torch.Tensor) -> torch.Tensor:
+    byte = packed.to(torch.int64)
+    nibbles = torch.stack([byte & 0xF, byte >> 4], dim=-1).reshape(packed.shape[0], -1)
+    return torch.tensor(_E2M1_SIGNED)[nibbles]
+
+
+def _modelopt_nvfp4(tensors: Mapping[str, torch.Tensor], name: str) -> torch.Tensor | None:
+    base = name.rpartition(".")[0]
+    scale, scale_2 = tensors.get(f"{base}.weight_scale"), tensors.get(f"{base}.weight_scale_2")
+    if tensors[name].dtype != torch.uint8 or scale is None or scale_2 is None:
+        return None
+    q = _e2m1(tensors[name])
+    s = _expand(scale.float() * scale_2.float().reshape(()), *q.shape)
+    return None if s is None else q * s

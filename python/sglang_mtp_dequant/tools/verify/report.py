@@ -35,8 +35,8 @@ def _short_sources(sources: list[str]) -> str:
 
 
 def _check(row) -> str:
-    if row.check == "exact":
-        return "exact"
+    if row.check in ("exact", "ulp"):
+        return row.check
     if row.check == "mismatch":
         return f"MISMATCH (max err {_num(row.max_error)})"
     return f"unchecked: {row.why}" if row.why else "unchecked"
@@ -51,8 +51,10 @@ def render_verify(report: VerifyReport) -> str:
     lines = [
         f"sglang-mtp-dequant verify: {report.requested}",
         f"  resolved: {report.folder} ({report.resolved_by})",
+        f"  launch: {report.launch}",
         f"  draft class: {report.class_name} (sglang's own class for this architecture, built "
-        f"on the CPU in {report.dtype})",
+        f"on the CPU in {report.dtype}"
+        + (f", quantized: {report.built_quantized})" if report.built_quantized else ")"),
         f"  memory: {_size(report.estimated_bytes)} of draft parameters "
         f"({_size(report.shared_bytes)} of them embedding + lm_head, taken from the target and "
         "not compared), estimated on the meta device before allocating",
@@ -62,7 +64,8 @@ def render_verify(report: VerifyReport) -> str:
         "  reference = the same, fed an independent fp32 dequantization rounded once to "
         f"{report.dtype}",
         "  plugin    = load_weights as hooked by sglang.srt.plugins.load_plugins()",
-        "  check     = exact: the plugin's parameter equals the reference bit for bit",
+        "  check     = exact: the plugin's parameter equals the reference bit for bit (ulp: "
+        "within one ulp, for a format compressed-tensors converts and rounds its own way)",
     ]
     if report.reference:
         lines.append(f"  float ref = {report.reference}, the original float weights")
