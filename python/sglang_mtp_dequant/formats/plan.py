@@ -276,12 +276,12 @@ _ATTENTION_QUANT_WHY = {
 
 
 def _is_foreign_companion(name: str, names) -> bool:
-    """``X.weight_shape``, ``X.weight_zero_point``, ... beside ``X.weight_packed`` or
-    ``X.weight``: listed with that weight, not as tensors of their own."""
+    """``X.weight_shape``, ``X.weight_zero_point``, ... : listed with ``X.weight_packed`` or
+    ``X.weight``, never as tensors of their own; without that weight they are passed to sglang
+    (whose loader skips them), and the guard names the parameter the missing weight leaves
+    unwritten."""
     base = foreign.foreign_base(name)
-    if base is None or name.endswith(".weight_packed"):
-        return False
-    return f"{base}.weight_packed" in names or f"{base}.weight" in names
+    return base is not None and not name.endswith(".weight_packed")
 
 
 def _as_draft_error(info: TensorInfo, exc: CheckpointFormatError) -> DraftWeightError:

@@ -158,7 +158,7 @@ def parse_launch(path: str | None, argv: Sequence[str]) -> Launch:
 
     ``argv`` is either launch flags (``--device cuda ...``) for checkpoint ``path``, or a whole
     command (``python -m sglang.launch_server --model-path ...``, ``sglang serve ...``): words
-    before the first flag are the command and are dropped.
+    before the first ``--`` flag are the command and are dropped.
 
     Raises:
         LaunchError: sglang's parser refused the flags (its message), or no model path.
@@ -166,7 +166,8 @@ def parse_launch(path: str | None, argv: Sequence[str]) -> Launch:
     from .cpu_env import ensure_torchvision_importable
 
     words = list(argv)
-    start = next((i for i, w in enumerate(words) if w.startswith("-")), len(words))
+    # sglang's flags are all long ones: `python -m sglang.launch_server` is the command
+    start = next((i for i, w in enumerate(words) if w.startswith("--")), len(words))
     flags = words[start:]
     ensure_torchvision_importable()
     from sglang.srt.server_args import ServerArgs

@@ -239,7 +239,7 @@ def _compressed_tensors_packed(
 def _e2m1(packed: torch.Tensor) -> torch.Tensor:
     byte = packed.to(torch.int64)
     nibbles = torch.stack([byte & 0xF, byte >> 4], dim=-1).reshape(packed.shape[0], -1)
-    return torch.tensor(_E2M1_SIGNED)[nibbles]
+    return (_E2M1[nibbles & 0x7] * torch.where(nibbles >= 8, -1.0, 1.0).double()).float()
 
 
 def _modelopt_nvfp4(tensors: Mapping[str, torch.Tensor], name: str) -> torch.Tensor | None:
