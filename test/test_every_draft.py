@@ -92,9 +92,9 @@ def expected_fc(folder: str) -> torch.Tensor:
     return weight.bfloat16()
 
 
-def edited(src: str, dest, drop=(), cast: dict | None = None) -> str:
-    """A copy of fixture folder ``src`` without the tensors ``drop`` (and ``cast`` ones as the
-    given dtype)."""
+def edited(src: str, dest, drop=(), cast: dict | None = None, codes=()) -> str:
+    """A copy of fixture folder ``src`` without the tensors ``drop``, ``cast`` ones as the
+    given dtype, and ``codes`` ones replaced by their int8 codes (per-row absmax), no scale."""
     folder = str(dest)
     shutil.copytree(src, folder)
     path = os.path.join(folder, "model.safetensors")
@@ -103,6 +103,10 @@ def edited(src: str, dest, drop=(), cast: dict | None = None) -> str:
         del tensors[name]
     for name, dtype in (cast or {}).items():
         tensors[name] = tensors[name].to(dtype)
+    for name in codes:
+        weight = tensors[name].float()
+        scale = weight.abs().amax(-1, keepdim=True) / 127
+        tensors[name] = torch.round(weight / scale).to(torch.int8)
     save_file(tensors, path, metadata={"format": "pt"})
     return folder
 
@@ -159,7 +163,13 @@ def test_a_plain_linear_never_written_is_refused_naming_it(load_as, tmp_path):
     (finding,) = caught.value.findings
     assert finding.parameter == "fc.weight" and finding.unwritten == "no write at all"
     assert {"mtp.fc.weight_scale", "mtp.fc.weight_shape"} <= set(caught.value.skipped)
-    assert "fc.weight [bfloat16 [64, 128]]: never written by sglang's loaders" in str(caught.value)
+    message = str(caught.value)
+    assert "fc.weight [bfloat16 [64, 128]]: never written by sglang's loaders" in message
+    # what should have fed it, the format, and what to do for a draft built quantized
+    assert "only mtp.fc.weight_scale, mtp.fc.weight_shape, which sglang's loaders skipped" in message
+    assert "built quantized (compressed_tensors; config.json: compressed-tensors (pack-quantized))" in message
+    assert "needs its float weight in the checkpoint" in message
+    assert "--speculative-draft-model-quantization modelslim" not in message  # the NPU advice
 
 
 def test_a_plain_linear_missing_a_companion_is_refused_before_any_write(load_as, tmp_path):
@@ -181,6 +191,61 @@ def test_codes_stored_as_floats_in_a_plain_linear_are_refused_by_value(load_as, 
     (finding,) = caught.value.findings
     assert finding.parameter == "fc.weight" and finding.evidence is not None
     assert "raw codes instead of weights" in str(caught.value)
+
+
+#: checkpoints sglang builds quantized on CUDA, broken in a way the plugin cannot decode away:
+#: (fixture, edit, the draft parameter the refusal names)
+BROKEN_QUANTIZED = {
+    "norm-as-int8-codes": (W8A8, {"codes": ["mtp.norm.weight"]}, "model.norm.weight"),
+    "ignored-linear-as-int8-codes": (
+        PUBLISHED,
+        {"codes": ["mtp.layers.0.self_attn.o_proj.weight"]},
+        "model.layers.0.o_proj.weight",
+    ),
+    "quantized-layer-scale-missing": (
+        W8A8,
+        {"drop": ["mtp.layers.0.mlp.down_proj.weight_scale"]},
+        "model.layers.0.mlp.down_proj.weight_scale",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_QUANTIZED))
+def test_a_quantized_draft_left_with_codes_or_holes_is_refused_naming_the_parameter(
+    load_as, cli_json, tmp_path, case
+):
+    """(b) codes in a plain float parameter (a norm; a linear the config ignores, built with
+    UnquantizedLinearMethod) whose scale nothing read; (a) a parameter a quantization method
+    owns left unwritten. The load is refused, and the doctor says so first (exit 1)."""
+    fixture, edit, parameter = BROKEN_QUANTIZED[case]
+    folder = edited(ct(fixture), tmp_path / "ckpt", **edit)
+    with pytest.raises(MisloadedDraftError) as caught:
+        load_as(folder)
+    (finding,) = caught.value.findings
+    assert finding.parameter == parameter
+    if "codes" in edit:
+        (source,) = finding.sources
+        assert source.name == edit["codes"][0] and source.raw_codes
+        assert f"fed by {edit['codes'][0]} (int8, copied as raw codes)" in str(caught.value)
+    else:
+        assert finding.unwritten == "no write at all"
+    code, report = cli_json("doctor", folder, "--device", "cuda")
+    assert code == 1 and report["verdict"] == "error"
+    named = [*report["problems"], *report["unfilled_parameters"]]
+    assert any(p.startswith(parameter) for p in named), named
+
+
+def test_fc_codes_the_config_does_not_quantize_are_refused_before_any_write(load_as, tmp_path):
+    """int8 ``mtp.fc.weight`` in the published layout, whose quantization_config ignores
+    ``mtp.fc``: nothing says how to decode it, so the plugin refuses it by name and format."""
+    folder = edited(ct(PUBLISHED), tmp_path / "ckpt", codes=["mtp.fc.weight"])
+    with pytest.raises(DraftWeightError) as caught:
+        load_as(folder)
+    assert type(caught.value) is DraftWeightError
+    message = str(caught.value)
+    assert "draft tensor 'mtp.fc.weight'" in message
+    assert "is stored as compressed-tensors int-quantized" in message
+    assert "quantization_config does not quantize it" in message
 
 
 # -- drafts sglang builds unquantized (NPU; ModelOpt NVFP4 on any platform) --------------------

@@ -5,6 +5,7 @@ Usage::
     owned = quant_owned(model)       # {"model.layers.0.qkv_proj.weight_packed", ...}
     linears = plain_linears(model)   # {"fc": ("fc",)}: nn.Linear modules, by name tokens
     feeds_plain_linear("mtp.fc.weight_packed", linears)      # True
+    meant_for("fc.weight", ["mtp.fc.weight_scale"])          # ["mtp.fc.weight_scale"]
 
 Why: a draft sglang builds with a quant config holds two kinds of parameters. Those of a
 layer whose quantization method is a real one (``CompressedTensorsLinearMethod``, ...) are the
@@ -49,10 +50,25 @@ def feeds_plain_linear(name: str, linears: dict[str, tuple[str, ...]]) -> bool:
     """Whether checkpoint tensor ``name`` (``X.<part>``) belongs to one of ``linears``: ``X``
     spelled with the same tokens, after the ``layers.<n>`` a NextN checkpoint puts its draft
     layer under (``model.layers.61.eh_proj`` is the draft's ``model.eh_proj``)."""
+    candidates = _module_spellings(name)
+    return any(t in candidates for t in linears.values())
+
+
+def meant_for(parameter: str, skipped: list[str]) -> list[str]:
+    """The checkpoint names among ``skipped`` (streamed, placed by no loader) that belong to
+    ``parameter``'s layer: for a parameter never written, what should have fed it, e.g. the
+    ``mtp.fc.weight_scale`` of a checkpoint whose ``mtp.fc.weight_packed`` is missing."""
+    layer = tokens(parameter.rpartition(".")[0])
+    return [n for n in skipped if layer and layer in _module_spellings(n)]
+
+
+def _module_spellings(name: str) -> set[tuple[str, ...]]:
+    """The layer of checkpoint tensor ``name`` by its name tokens, with and without the
+    ``layers.<n>`` a NextN checkpoint puts its draft layer under."""
     base = tokens(name.rpartition(".")[0])
     if not base:
-        return False
+        return set()
     candidates = {base}
     if len(base) > 2 and base[0] == "layers" and base[1].isdigit():
         candidates.add(base[2:])
-    return any(t in candidates for t in linears.values())
+    return candidates

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...errors import SettingError
-from ..plain_parts import quant_owned
+from ..plain_parts import meant_for, quant_owned
 from .report import (
     MODE_ENV,
     Finding,
@@ -111,6 +111,7 @@ def check_loaded_draft(model: torch.nn.Module, load: DraftLoad) -> list[Finding]
             tuple(writes.params[name].shape),
             unwritten=what,
             sources=sources.sources_of(name),
+            meant=meant_for(name, writes.skipped_names()),
         )
         for name, what in unwritten.items()
     ]
@@ -125,8 +126,19 @@ def check_loaded_draft(model: torch.nn.Module, load: DraftLoad) -> list[Finding]
     findings += inspect_parameters(written, sources)
     if not findings:
         return []
-    error = MisloadedDraftError(findings, load.class_name, load.folder, writes.skipped_names())
+    error = MisloadedDraftError(
+        findings, load.class_name, load.folder, writes.skipped_names(), _built_as(load)
+    )
     if mode == "warn":
         logger.warning("%s (continuing: %s=warn)", error, MODE_ENV)
         return findings
     raise error
+
+
+def _built_as(load: DraftLoad) -> str | None:
+    """``compressed_tensors; config.json: compressed-tensors (pack-quantized)`` for a draft
+    sglang built quantized, None for one built unquantized."""
+    if load.quantization is None:
+        return None
+    declared = load.plan.checkpoint.declared if load.plan is not None else None
+    return f"{load.quantization}; config.json: {declared.label}" if declared else load.quantization

@@ -17,6 +17,7 @@ import torch
 
 from ...errors import DraftWeightError
 from ...formats.checkpoint import Checkpoint, dtype_name, is_code_dtype
+from ...formats.library import DECODED_FORMATS
 from ...formats.naming import NameIndex
 from .values import CodeEvidence
 
@@ -64,6 +65,9 @@ class Finding:
     unwritten: str | None = None  # which parts sglang's loaders never wrote
     nonfinite_rows: int = 0
     sources: list[Source] = field(default_factory=list)
+    #: streamed names meant for this parameter's layer that no loader placed (``X.weight_scale``
+    #: beside a missing ``X.weight``): what should have fed a parameter never written
+    meant: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         dtype = dtype_name(self.dtype)
@@ -79,6 +83,11 @@ class Finding:
             fed = "fed by " + ", ".join(s.describe() for s in self.sources[:6])
             if len(self.sources) > 6:
                 fed += f" and {len(self.sources) - 6} more"
+        elif self.unwritten is not None and self.meant:
+            fed = (
+                f"no checkpoint tensor of this name streamed, only {', '.join(self.meant)}, "
+                "which sglang's loaders skipped"
+            )
         elif self.unwritten is not None:
             fed = "no checkpoint tensor of this name streamed"
         else:
@@ -125,11 +134,14 @@ class MisloadedDraftError(DraftWeightError):
         class_name: str,
         folder: str | None,
         skipped: list[str] | None = None,
+        built_quantized: str | None = None,
     ) -> None:
         self.findings = findings
         self.skipped = skipped or []
         first = findings[0]
         where = f" loaded from {folder}" if folder else ""
+        if built_quantized:
+            where += f", built quantized ({built_quantized}),"
         lines = "\n".join(f"  - {f.describe()}" for f in findings)
         if self.skipped:
             shown = ", ".join(self.skipped[:8])
@@ -143,6 +155,8 @@ class MisloadedDraftError(DraftWeightError):
             "(--speculative-draft-model-quantization modelslim). "
             f"{MODE_ENV}=warn starts anyway (the draft then proposes garbage tokens)"
         )
+        if built_quantized:
+            hint = quantized_draft_hint(doctor)
         kinds = []
         if any(f.unwritten is not None for f in findings):
             kinds.append("parts no checkpoint tensor wrote")
@@ -163,3 +177,19 @@ class MisloadedDraftError(DraftWeightError):
             details=lines.split("\n"),
             subject="",  # the problem names the draft and its folder
         )
+
+
+def quantized_draft_hint(doctor: str) -> str:
+    """What to do about a draft sglang built quantized: its parameters that no quantization
+    method owns (``fc`` / ``eh_proj``, norms, layers the config ignores) take float weights."""
+    return (
+        f"run `{doctor} <your launch flags, e.g. --device cuda>` to see how each draft tensor "
+        "is stored; a parameter no quantization method owns (fc / eh_proj, the norms, a layer "
+        "in quantization_config.ignore) needs its float weight in the checkpoint (fc / eh_proj "
+        f"may also hold codes in a format the plugin decodes: {', '.join(DECODED_FORMATS)}, "
+        "with their companions); "
+        "re-export the MTP layers completely (listed in quantization_config.ignore they stay "
+        "float), or re-download "
+        f"an incomplete checkpoint. {MODE_ENV}=warn starts anyway (the draft then proposes "
+        "garbage tokens)"
+    )
