@@ -166,8 +166,11 @@ def test_a_plain_linear_never_written_is_refused_naming_it(load_as, tmp_path):
     message = str(caught.value)
     assert "fc.weight [bfloat16 [64, 128]]: never written by sglang's loaders" in message
     # what should have fed it, the format, and what to do for a draft built quantized
-    assert "only mtp.fc.weight_scale, mtp.fc.weight_shape, which sglang's loaders skipped" in message
-    assert "built quantized (compressed_tensors; config.json: compressed-tensors (pack-quantized))" in message
+    assert "only mtp.fc.weight_scale, mtp.fc.weight_shape, which sglang's loaders skipped" in (
+        message
+    )
+    built = "built quantized (compressed_tensors; config.json: compressed-tensors (pack-quantized))"
+    assert built in message
     assert "needs its float weight in the checkpoint" in message
     assert "--speculative-draft-model-quantization modelslim" not in message  # the NPU advice
 
