@@ -311,6 +311,21 @@ def test_doctor_for_cuda_names_the_quantized_build_and_what_happens_to_fc(cli_js
         assert "fc.weight would hold uninitialised memory or raw codes" in report["stock_sglang"]
 
 
+@pytest.mark.parametrize("fixture", [W4A16, W8A8, PUBLISHED])
+def test_doctor_for_cuda_says_inactive_when_sglang_would_not_load_the_plugin(
+    cli_json, monkeypatch, fixture
+):
+    """The two exports whose fc only the plugin decodes need it (exit 5 without it); the
+    published layout does not (exit 0)."""
+    monkeypatch.setenv("SGLANG_PLUGINS", "some_other_plugin")
+    code, report = cli_json("doctor", ct(fixture), "--device", "cuda")
+    if fixture == PUBLISHED:
+        assert code == 0 and report["verdict"] == "ok", report["reason"]
+    else:
+        assert code == 5 and report["verdict"] == "inactive", report["reason"]
+        assert "SGLANG_PLUGINS='some_other_plugin' does not name mtp_dequant" in report["reason"]
+
+
 def test_doctor_for_cuda_refuses_what_the_load_refuses(cli_json, tmp_path):
     dropped = edited(ct(W4A16), tmp_path / "a", drop=["mtp.fc.weight_packed"])
     code, report = cli_json("doctor", dropped, "--device", "cuda")

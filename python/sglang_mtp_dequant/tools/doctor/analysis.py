@@ -132,7 +132,8 @@ def diagnose(
             "which this plugin does not hook (not supported yet): serve the draft quantized "
             "(--speculative-draft-model-quantization) or re-export the MTP layers as FLOAT"
         )
-    _activation(report, needed=bool(codes) and report.plugin_acts)
+    # a quantized draft needs the plugin when it decodes the codes of a plain nn.Linear part
+    _activation(report, needed=bool(codes) and (report.plugin_acts or plain_plan is not None))
     report.stock = _stock_summary(report, codes)
     _notes(report, ckpt, built)
     if built is not None and report.tensors:
