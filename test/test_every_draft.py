@@ -375,3 +375,40 @@ def test_json_alone_on_stdout_progress_on_stderr(tmp_path, command):
         assert "plugin load (hooked load_weights)" in out.stderr
         quantized = [p for p in report["parameters"] if p["quantized"]]
         assert [(p["parameter"], p["check"]) for p in quantized] == [("fc.weight", "exact")]
+
+
+PROJECTIONS = {
+    "fc.weight",
+    "model.layers.0.qkv_proj.weight",
+    "model.layers.0.o_proj.weight",
+    "model.layers.0.mlp.gate_up_proj.weight",
+    "model.layers.0.mlp.down_proj.weight",
+}
+LIBRARY_FIXTURES = [*(ct(f) for f in (W4A16, W8A8, NVFP4, PUBLISHED))] + [
+    os.path.join(MO, f) for f in ("q35_modelopt_nvfp4_mtp", "q35_modelopt_nvfp4")
+]
+
+
+@pytest.mark.parametrize("device", ["npu", "cuda"])
+@pytest.mark.parametrize("folder", LIBRARY_FIXTURES, ids=os.path.basename)
+def test_verify_checks_every_library_fixture_against_the_formats_own_formula(
+    cli_json, folder, device
+):
+    """Each library-written fixture, loaded as sglang builds it on ``device``: every
+    parameter the plugin decoded equals verify's independent fp32 rule (bf16 rounded once;
+    ModelOpt: within one bf16 ulp), and every other parameter equals stock sglang's load."""
+    code, report = cli_json("verify", folder, "--device", device)
+    assert code == 0 and report["verdict"] == "ok", report.get("reason")
+    decoded = {p["parameter"]: p["check"] for p in report["parameters"] if p["quantized"]}
+    rest = {p["parameter"]: p["check"] for p in report["parameters"] if not p["quantized"]}
+    assert rest and set(rest.values()) == {"exact"}, rest
+    quantized_mtp = os.path.basename(folder) not in (PUBLISHED, "q35_modelopt_nvfp4")
+    built_quantized = device == "cuda" and "compressed_tensors" in folder
+    if not quantized_mtp:
+        assert decoded == {}
+    elif built_quantized:  # the quantized layers are sglang's; the plugin decodes fc alone
+        assert decoded == {"fc.weight": "exact"}
+    else:
+        assert set(decoded) == PROJECTIONS
+        allowed = {"exact", "ulp"} if "modelopt" in folder else {"exact"}
+        assert set(decoded.values()) <= allowed, decoded
