@@ -26,7 +26,7 @@ from sglang_mtp_dequant.errors import DraftWeightError
 from sglang_mtp_dequant.serving.guard import MisloadedDraftError
 from sglang_mtp_dequant.tools.cli import main
 from sglang_mtp_dequant.tools.verify.independent import independent_dequantize
-from support.paths import FIXTURES
+from support.paths import E2E, FIXTURES, MODELSLIM
 
 CT = os.path.join(FIXTURES, "compressed_tensors")
 MO = os.path.join(FIXTURES, "modelopt")
@@ -412,3 +412,26 @@ def test_verify_checks_every_library_fixture_against_the_formats_own_formula(
         assert set(decoded) == PROJECTIONS
         allowed = {"exact", "ulp"} if "modelopt" in folder else {"exact"}
         assert set(decoded.values()) <= allowed, decoded
+
+
+#: the checkpoints this package was built for: (folder, the doctor's verdict before this change)
+#: the three Qwen3 V0 exports have no MTP layer: "no draft (MTP) tensors" is their error
+EXISTING = [
+    *((os.path.join(MODELSLIM, n), "error" if n.startswith("qwen3_v0") else "ok")
+      for n in sorted(os.listdir(MODELSLIM))
+      if os.path.isfile(os.path.join(MODELSLIM, n, "config.json"))),
+    *((os.path.join(E2E, n), "ok") for n in sorted(os.listdir(E2E))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("flags", [(), ("--device", "npu"), ("--device", "cuda")], ids=str)
+def test_every_existing_fixture_keeps_its_verdict_for_any_platform(cli_json, flags):
+    """The ModelSlim and e2e fixtures: the doctor's verdict (and its exit code) is the one it
+    gave before launch flags and the quantized-draft guard, on every platform asked."""
+    assert len(EXISTING) == 22
+    got = {}
+    for folder, _ in EXISTING:
+        code, report = cli_json("doctor", folder, *flags)
+        got[folder] = (code, report["verdict"])
+    want = {folder: ({"ok": 0, "error": 1}[v], v) for folder, v in EXISTING}
+    assert got == want
