@@ -156,23 +156,28 @@ def test_the_published_layout_loads_untouched_and_silent(load_as, caplog):
     assert not [r for r in caplog.records if r.name == PLUGIN_LOG and r.levelno >= logging.INFO]
 
 
-def test_a_plain_linear_never_written_is_refused_naming_it(load_as, tmp_path):
+@pytest.mark.parametrize("device", ["cuda", "npu"])
+def test_a_plain_linear_never_written_is_refused_naming_it(load_as, tmp_path, device):
+    """``mtp.fc.weight_packed`` missing: its companions stream to sglang, which skips them, and
+    the guard names ``fc.weight``, the names meant for it, and (built quantized) the format."""
     folder = edited(ct(W4A16), tmp_path / "ckpt", drop=["mtp.fc.weight_packed"])
     with pytest.raises(MisloadedDraftError) as caught:
-        load_as(folder)
+        load_as(folder, device=device)
     (finding,) = caught.value.findings
     assert finding.parameter == "fc.weight" and finding.unwritten == "no write at all"
     assert {"mtp.fc.weight_scale", "mtp.fc.weight_shape"} <= set(caught.value.skipped)
     message = str(caught.value)
     assert "fc.weight [bfloat16 [64, 128]]: never written by sglang's loaders" in message
-    # what should have fed it, the format, and what to do for a draft built quantized
     assert "only mtp.fc.weight_scale, mtp.fc.weight_shape, which sglang's loaders skipped" in (
         message
     )
     built = "built quantized (compressed_tensors; config.json: compressed-tensors (pack-quantized))"
-    assert built in message
-    assert "needs its float weight in the checkpoint" in message
-    assert "--speculative-draft-model-quantization modelslim" not in message  # the NPU advice
+    npu_advice = "--speculative-draft-model-quantization modelslim"
+    if device == "cuda":
+        assert built in message and "needs its float weight in the checkpoint" in message
+        assert npu_advice not in message
+    else:
+        assert "built quantized" not in message and npu_advice in message
 
 
 #: fc codes the plugin cannot decode, refused before any write: (fixture, edit, what it says)
