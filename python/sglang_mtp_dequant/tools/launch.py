@@ -119,7 +119,7 @@ class Launch:
         if not self.given:
             return DEFAULT_ANSWER
         how = {
-            "npu": "as on NPU (the draft classes' is_npu rule answered True)",
+            "npu": "as on NPU (the draft classes' NPU quantization rule answered as on NPU)",
             "cuda": (
                 f"as on CUDA (torch.cuda.get_device_capability() answered "
                 f"{CUDA_CAPABILITY} while the draft was built)"
