@@ -120,7 +120,10 @@ def check_loaded_draft(model: torch.nn.Module, load: DraftLoad) -> list[Finding]
     findings += inspect_parameters(written, sources)
     if not findings:
         return []
-    error = MisloadedDraftError(findings, load.class_name, load.folder, writes.skipped_names())
+    narrowed = load.narrowing_detail() if unwritten else None
+    error = MisloadedDraftError(
+        findings, load.class_name, load.folder, writes.skipped_names(), note=narrowed
+    )
     if mode == "warn":
         logger.warning("%s (continuing: %s=warn)", error, MODE_ENV)
         return findings
