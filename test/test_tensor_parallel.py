@@ -61,7 +61,9 @@ def moe_over_shards(name: str) -> int:
         late = name.startswith(f"{experts}1.down_proj.weight_")
         return 3 if late or int(name[len(experts) :].split(".")[0]) >= 2 else 2
     return 2 if name.startswith("mtp.") or name.endswith("embed_tokens.weight") else 1
-#: the whole two-rank run (two sglang imports + three loads) must end within this
+
+
+#: the whole two-rank run (two sglang imports + four loads) must end within this
 RUN_TIMEOUT = 600.0
 #: the checkpoint tensors the plugin dequantizes feed these draft parameters
 QUANTIZED_PARAMS = {
@@ -91,7 +93,9 @@ class TwoRanks:
         folders = {tag: fixture_dir(name) for tag, (name, _) in LOADS.items()}
         for tag in SHARDED:
             folders[tag] = os.path.join(out_dir, f"{tag}-checkpoint")
-            write_sharded(folders[tag], folders[tag], moe_over_shards, filler={1: 300})
+            write_sharded(
+                fixture_dir(LOADS[tag][0]), folders[tag], moe_over_shards, filler={1: 300}
+            )
         layouts = tuple(
             Layout(tag, folders[tag], ep, free_port()) for tag, (_, ep) in LOADS.items()
         )
