@@ -77,6 +77,12 @@ bench: $(STAMP)
 bench-scaling: $(STAMP)
 	$(VPY) benchmarks/bench_scaling.py --json .cache/bench/scaling.json
 
+# sglang's own draft load, stock vs plugin, behind 0..400,000 target tensors in other shards;
+# ends with `draft_load plugin_vs_stock_200000 R plugin_400000_vs_plugin_0 F`
+.PHONY: bench-draft-load
+bench-draft-load: $(STAMP)
+	$(VPY) benchmarks/bench_draft_load.py --json .cache/bench/draft_load.json
+
 # ruff (lint + format check) and mypy with untyped defs checked (pyproject.toml [tool.mypy])
 LINT_STAMP := $(VENV)/.lint-installed
 

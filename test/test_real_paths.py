@@ -456,6 +456,41 @@ def test_stray_file_not_in_model_safetensors_index(
     assert open_checkpoint(folder).files == [shard]  # the doctor's view: the same
 
 
+# -- a sharded export in the cache: the draft streams its own shards only --------------------
+
+
+def test_sharded_hub_snapshot_streams_only_the_drafts_shards(hub, sglang_cpu, tmp_path, caplog):
+    """A sharded V1 export (the MTP layer over two shards, target layers alone in another)
+    cached as ``huggingface_hub`` caches it, loaded by hub id with sglang's own
+    ``DefaultModelLoader.load_model``: the load streams the snapshot's own symlinks of the
+    draft's shards (the index names them, never the blobs they point to), and the draft holds
+    the reference values bit for bit."""
+    from sglang_mtp_dequant.serving.context import weight_sources
+    from sglang_mtp_dequant.tools.cpu_sglang import draft_model_config, load_model, publish_context
+    from support.sharded import write_sharded
+
+    def shard_of(name: str) -> int:  # the embedding (the draft loads it too) beside the MTP
+        if name.startswith("mtp.") or name.endswith("embed_tokens.weight"):
+            return 3 if ".mlp." in name else 2
+        return 1
+
+    source = write_sharded(fixture_dir(DENSE), str(tmp_path / "sharded"), shard_of,
+                           filler={1: 300})  # fmt: skip
+    repo = repo_id(DENSE, "sharded")
+    snapshot = make_hf_cache(hub, repo, os.path.dirname(source[0]))
+    caplog.set_level(logging.INFO)
+    publish_context(repo)
+    model = load_model(draft_model_config(repo))
+    assert_loaded_like_reference(model, DENSE)
+    streamed = weight_sources()[-1]
+    assert streamed.folder == snapshot
+    assert streamed.files == tuple(os.path.join(snapshot, os.path.basename(f)) for f in source[1:])
+    assert all(os.path.islink(f) for f in streamed.files)
+    (line,) = [r.getMessage() for r in plugin_records(caplog, "INFO")]
+    assert line.endswith("streamed 2 of 3 weight files, skipped 1 holding no draft tensor by "
+                         "quant_model_weights.safetensors.index.json"), line  # fmt: skip
+
+
 # -- ModelScope ------------------------------------------------------------------------------
 
 

@@ -42,8 +42,28 @@ WORLD = 2
 DENSE = "q35_dense_w8a8_dynamic"
 MOE = "q35moe_w8a8_dynamic"
 #: tag -> (fixture, expert-parallel size); one load per tag on both ranks
-LOADS = {"dense_tp2": (DENSE, 1), "moe_tp2": (MOE, 1), "moe_tp2_ep2": (MOE, 2)}
-#: the whole two-rank run (two sglang imports + three loads) must end within this
+LOADS = {
+    "dense_tp2": (DENSE, 1),
+    "moe_tp2": (MOE, 1),
+    "moe_tp2_ep2": (MOE, 2),
+    "moe_tp2_shards_ep2": (MOE, 2),
+}
+#: tags whose checkpoint is the fixture rewritten over shards (``support/sharded.py``): the
+#: routed experts over two, target layers alone in a third that every rank must skip
+SHARDED = {"moe_tp2_shards_ep2"}
+
+
+def moe_over_shards(name: str) -> int:
+    """Experts 0-1 (but expert 1's ``down_proj`` scale) in shard 2 with the rest of the MTP
+    layer and the embedding; experts 2-3 in shard 3; the target in shard 1."""
+    experts = "mtp.layers.0.mlp.experts."
+    if name.startswith(experts):
+        late = name.startswith(f"{experts}1.down_proj.weight_")
+        return 3 if late or int(name[len(experts) :].split(".")[0]) >= 2 else 2
+    return 2 if name.startswith("mtp.") or name.endswith("embed_tokens.weight") else 1
+
+
+#: the whole two-rank run (two sglang imports + four loads) must end within this
 RUN_TIMEOUT = 600.0
 #: the checkpoint tensors the plugin dequantizes feed these draft parameters
 QUANTIZED_PARAMS = {
@@ -67,9 +87,17 @@ class TwoRanks:
     """The two spawned ranks of one run; ``wait()`` returns their output folder."""
 
     def __init__(self, out_dir: str) -> None:
+        from support.sharded import write_sharded
+
         self.out_dir = out_dir
+        folders = {tag: fixture_dir(name) for tag, (name, _) in LOADS.items()}
+        for tag in SHARDED:
+            folders[tag] = os.path.join(out_dir, f"{tag}-checkpoint")
+            write_sharded(
+                fixture_dir(LOADS[tag][0]), folders[tag], moe_over_shards, filler={1: 300}
+            )
         layouts = tuple(
-            Layout(tag, fixture_dir(name), ep, free_port()) for tag, (name, ep) in LOADS.items()
+            Layout(tag, folders[tag], ep, free_port()) for tag, (_, ep) in LOADS.items()
         )
         ctx = multiprocessing.get_context("spawn")  # the start method sglang forces
         self.procs = [
@@ -273,6 +301,11 @@ DECODED = {
     "dense_tp2": ("dequantized 7 tensors (W8A8_DYNAMIC x7)", "0 expert tensors left"),
     "moe_tp2": ("dequantized 15 tensors (W8A8_DYNAMIC x15)", "0 expert tensors left"),
     "moe_tp2_ep2": ("dequantized 9 tensors (W8A8_DYNAMIC x9)", "6 expert tensors left"),
+    "moe_tp2_shards_ep2": (
+        "dequantized 9 tensors (W8A8_DYNAMIC x9)",
+        "6 expert tensors left",
+        "; streamed 2 of 3 weight files, skipped 1 holding no draft tensor",
+    ),
 }
 
 

@@ -26,8 +26,9 @@ download is incomplete.
 from __future__ import annotations
 
 import glob
+import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -139,11 +140,16 @@ class Checkpoint:
 
     @classmethod
     def open(
-        cls, source: WeightSource, wanted: Callable[[str], bool] = lambda name: True
+        cls,
+        source: WeightSource,
+        wanted: Callable[[str], bool] = lambda name: True,
+        indexes: Mapping[str, object] | None = None,
     ) -> Checkpoint:
         """Read the description, the index files and the headers of ``source``'s files.
 
         Only tensors whose name satisfies ``wanted`` are recorded (the draft's, usually).
+        ``indexes``: index file name -> its JSON, already parsed by the caller for this load
+        (a large export's index is parsed once); the other index files are read here.
         """
         folder = os.path.abspath(source.folder)
         if not os.path.isdir(folder):
@@ -155,7 +161,7 @@ class Checkpoint:
         ckpt = cls(folder=folder, files=list(source.files))
         ckpt._read_description()
         ckpt.declared = _declared_format(folder)
-        ckpt._check_index_files(wanted)
+        ckpt._check_index_files(wanted, indexes or {})
         for path in ckpt.files:
             ckpt._read_header(path, wanted)
         return ckpt
@@ -213,9 +219,13 @@ class Checkpoint:
             )
         self.group_size = group_size
 
-    def _check_index_files(self, wanted: Callable[[str], bool]) -> None:
+    def _check_index_files(
+        self, wanted: Callable[[str], bool], parsed: Mapping[str, object]
+    ) -> None:
         for index_path in sorted(glob.glob(os.path.join(self.folder, "*.safetensors.index.json"))):
-            raw = load_json(index_path, "a safetensors index", RESTORE)
+            raw = parsed.get(os.path.basename(index_path))
+            if raw is None:
+                raw = load_json(index_path, "a safetensors index", RESTORE)
             weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
             if not isinstance(weight_map, dict):
                 raise CheckpointFormatError(
@@ -223,6 +233,10 @@ class Checkpoint:
                     problem="has no 'weight_map' object",
                     hint="restore the index file the exporter wrote, or delete it",
                 )
+            # a large export's index maps hundreds of thousands of names to a few shards:
+            # each shard's checks are made once
+            inside: dict[str, bool] = {}
+            present: dict[str, bool] = {}
             for name, shard in weight_map.items():
                 if not isinstance(shard, str) or not shard or "\x00" in shard:
                     raise CheckpointFormatError(
@@ -230,13 +244,19 @@ class Checkpoint:
                         problem=f"maps {name!r} to {shard!r}, not a file name",
                         hint="restore the index file the exporter wrote, or delete it",
                     )
-                if not _inside_folder(shard):
+                if shard not in inside:
+                    inside[shard] = _inside_folder(shard)
+                if not inside[shard]:
                     raise CheckpointFormatError(
                         file=index_path,
                         problem=f"maps {name!r} to {shard!r}, outside the checkpoint folder",
                         hint="an index must name shard files in its own folder; fix or delete it",
                     )
-                if wanted(name) and not os.path.isfile(os.path.join(self.folder, shard)):
+                if not wanted(name):
+                    continue
+                if shard not in present:
+                    present[shard] = os.path.isfile(os.path.join(self.folder, shard))
+                if not present[shard]:
                     raise CheckpointFormatError(
                         file=index_path,
                         problem=f"maps {name!r} to shard {shard!r}, which does not exist",
@@ -279,6 +299,29 @@ class Checkpoint:
                 hint="sglang streams every *.safetensors in the folder: remove the stray file",
             )
         self.tensors.setdefault(info.name, info)
+
+
+def header_names(path: str) -> list[str]:
+    """Every tensor name in a safetensors file's header, read as the format defines it (an
+    8-byte little-endian length, then that many bytes of JSON): a count of what a load walks,
+    without the per-tensor checks ``safe_open`` makes.
+
+    Raises:
+        CheckpointFormatError: the file has no readable safetensors header.
+    """
+    try:
+        with open(path, "rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(length))
+        if not isinstance(header, dict):
+            raise ValueError(f"the header is a JSON {type(header).__name__}, not an object")
+    except (OSError, ValueError) as exc:  # json's errors are ValueErrors too
+        raise CheckpointFormatError(
+            file=path,
+            problem=f"is not a readable safetensors file ({exc})",
+            hint="the file is truncated or corrupt: download or export it again",
+        ) from exc
+    return [name for name in header if name != "__metadata__"]
 
 
 def _declared_format(folder: str) -> DeclaredFormat | None:

@@ -45,6 +45,9 @@ class DraftSpec:
     #: need not write them: sglang's EAGLE workers call ``set_embed_and_head`` (and
     #: ``set_lm_head_from_target``) right after the draft loads, for every class here
     from_target: tuple[str, ...] = ("embed_tokens", "lm_head")
+    #: checkpoint names the class's ``load_weights`` reads besides those of its name rule
+    #: (read per class in sglang 0.5.23); the draft's stream must carry them too
+    loads_besides: tuple[str, ...] = ()
 
     @property
     def class_name(self) -> str:
@@ -52,6 +55,14 @@ class DraftSpec:
 
     def draft_names(self, model_or_config: object) -> NameRule:
         return self.name_rule(model_or_config)
+
+    def kept_names(self, model_or_config: object) -> NameRule:
+        """Every checkpoint name the class's ``load_weights`` keeps: its name rule's (the
+        draft layer, with ``shared_head``, ``eh_proj``, ``enorm``/``hnorm`` and the in-layer
+        ``embed_tokens`` of a NextN layer) and ``loads_besides``. What the narrowed stream
+        must carry (``narrowing.py``)."""
+        rule, besides = self.name_rule(model_or_config), frozenset(self.loads_besides)
+        return lambda name: rule(name) or name in besides
 
 
 _MODELS = "sglang.srt.models"
@@ -67,6 +78,9 @@ DRAFT_SPECS: tuple[DraftSpec, ...] = (
             "Qwen4ExpForConditionalGeneration",
         ),
         name_rule=mtp_prefix,
+        # the target's embedding, into the draft's own copy: a last-stage draft under PP
+        # keeps it (set_embed_and_head cannot share it there); elsewhere it is replaced
+        loads_besides=("model.embed_tokens.weight", "model.language_model.embed_tokens.weight"),
         # defines no load_weights of its own: Qwen3.5's (hooked) runs for it
         inherited_by=(f"{_MODELS}.qwen4_exp_mtp.Qwen4ExpForCausalLMMTP",),
     ),

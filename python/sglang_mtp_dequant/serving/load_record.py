@@ -23,6 +23,7 @@ from ..formats.checkpoint import dtype_name, is_code_dtype
 from ..formats.plan import DequantPlan
 from .guard.report import Source
 from .guard.writes import WriteRecorder
+from .narrowing import DraftNarrowing
 from .stream import DequantizingStream, StreamStats
 
 
@@ -45,6 +46,8 @@ class DraftLoad:
     seconds: float
     #: the quantization the draft was built with (None: unquantized, the plugin decodes)
     quantization: str | None = None
+    #: which of the resolved weight files the load streamed (None: not narrowed by the hook)
+    narrowing: DraftNarrowing | None = None
 
     @classmethod
     def of(
@@ -55,6 +58,7 @@ class DraftLoad:
         writes: WriteRecorder,
         seconds: float,
         quantization: str | None = None,
+        narrowing: DraftNarrowing | None = None,
     ) -> DraftLoad:
         return cls(
             class_name,
@@ -66,6 +70,7 @@ class DraftLoad:
             writes,
             seconds,
             quantization,
+            narrowing,
         )
 
     def sources(self) -> list[Source]:
@@ -108,7 +113,17 @@ class DraftLoad:
             f"{stats.quantized_bytes} quantized bytes, {stats.companions_consumed} companion "
             f"tensors consumed, {stats.left_to_other_ranks} expert tensors left to other "
             f"ranks, {stats.seconds:.3f} s decoding ({self.seconds:.3f} s whole load)"
+            + (f"; {self.narrowing.summary()}" if self.narrowing and self.narrowing.skipped else "")
         )
+
+    @property
+    def skipped_files(self) -> int:
+        """Weight files sglang resolved that this load did not stream (``narrowing.py``)."""
+        return self.narrowing.skipped if self.narrowing is not None else 0
+
+    def narrowing_detail(self) -> str | None:
+        """What the guard says beside a parameter left unwritten by a narrowed load."""
+        return self.narrowing.detail() if self.narrowing is not None else None
 
     def already_float_summary(self) -> str | None:
         """The INFO line of a load whose quantized tensors arrived float (decoded upstream)."""

@@ -10,13 +10,14 @@ Usage (what ``pip install`` arranges; nothing to call by hand)::
 
 ``register`` puts an AROUND hook on each draft class's ``load_weights`` (``drafts.py``) and two
 observing hooks on sglang's ``DefaultModelLoader`` that record which folder and files it
-resolved (``sources.py``). When a draft built unquantized (``quant_config is None``) loads, the
-hook hands sglang's own ``load_weights`` the transformed stream (``stream.py``), planned from
-exactly the files sglang streams, while recording every parameter write
-(``guard/writes.py``); afterwards the guard refuses a draft left partly unwritten or holding
-raw codes. A draft built with a quant config keeps sglang's own stream, except for the codes
-of its plain ``nn.Linear`` parts (``fc``, ``eh_proj``), and is guarded the same way
-(``quantized_load.py``).
+resolved (``sources.py``). Every hooked draft load, quantized or not, streams only the files
+that hold the draft's tensors (``narrowing.py``). When a draft built unquantized
+(``quant_config is None``) loads, the hook hands sglang's own ``load_weights`` the transformed
+stream (``stream.py``), planned from exactly the files sglang streams, while recording every
+parameter write (``guard/writes.py``); afterwards the guard refuses a draft left partly
+unwritten or holding raw codes. A draft built with a quant config keeps sglang's own stream,
+except for the codes of its plain ``nn.Linear`` parts (``fc``, ``eh_proj``), and is guarded the
+same way (``quantized_load.py``).
 ``register`` also arms the Ray launch check (``ray_setup.py``): sglang's Ray actors never load
 plugins themselves.
 
@@ -39,7 +40,7 @@ from typing import Any
 from ..errors import CheckpointFormatError
 from ..formats.checkpoint import Checkpoint, WeightSource
 from ..formats.plan import DequantPlan
-from . import context, sources
+from . import context, narrowing, sources
 from .drafts import DRAFT_SPECS, DraftSpec, draft_dtype
 from .guard import WriteRecorder, check_loaded_draft
 from .load_record import DraftLoad
@@ -147,52 +148,82 @@ def make_load_weights_hook(spec: DraftSpec) -> Callable[..., Any]:
     def load_weights_with_dequant(original, model, weights, *args, **kwargs):
         if _BYPASS.get():
             return original(model, weights, *args, **kwargs)
-        if getattr(model, "quant_config", None) is not None:
-            # built quantized: sglang's own load, its plain nn.Linear parts decoded, guarded
-            return load_quantized_draft(
-                original, spec, model, weights, DraftPlanner, *args, **kwargs
-            )
-        if sglang_dequantizes_drafts():
-            logger.info(
-                "sglang-mtp-dequant: this sglang dequantizes ModelSlim draft weights itself "
-                "(%s); the plugin leaves the %s draft load to it",
-                UPSTREAM_FIX,
-                spec.class_name,
-            )
-            return original(model, weights, *args, **kwargs)
-        is_draft = spec.draft_names(model)
-        planner = DraftPlanner(is_draft)
-        with WriteRecorder(model, spec.from_target) as writes:
-            stream = DequantizingStream(
-                planner.plan,
-                draft_dtype(model),
-                is_draft,
-                owned=ExpertOwnership.of(model),
-                missing_plan_hint=planner.missing_hint(),
-                observer=writes.on_streamed,
-            )
-            started = time.perf_counter()
-            result = original(model, stream.apply(weights), *args, **kwargs)
-            seconds = time.perf_counter() - started
-        load = DraftLoad.of(spec.class_name, planner.folder, stream, writes, seconds)
-        context.record_draft_load(load)
-        check_loaded_draft(model, load)
-        for line in (load.summary(), load.already_float_summary()):
-            if line is not None:
-                logger.info("%s", line)
+        with narrowing.draft_load(spec.kept_names(model)) as narrowed:
+            if getattr(model, "quant_config", None) is not None:
+                # built quantized: sglang's own load, its plain nn.Linear parts decoded, guarded
+                return load_quantized_draft(
+                    original, spec, model, weights, DraftPlanner, narrowed, *args, **kwargs
+                )
+            if sglang_dequantizes_drafts():
+                logger.info(
+                    "sglang-mtp-dequant: this sglang dequantizes ModelSlim draft weights itself "
+                    "(%s); the plugin leaves the %s draft load to it",
+                    UPSTREAM_FIX,
+                    spec.class_name,
+                )
+                result = original(model, weights, *args, **kwargs)
+            else:
+                return _dequantizing_load(spec, narrowed, original, model, weights, args, kwargs)
+        line = narrowing.narrowing_line(spec.class_name, narrowed)
+        if line is not None:
+            logger.info("%s", line)
         return result
 
     load_weights_with_dequant.__qualname__ = f"sglang_mtp_dequant[{spec.class_name}]"
     return load_weights_with_dequant
 
 
+def _dequantizing_load(
+    spec: DraftSpec,
+    narrowed: narrowing.DraftNarrowing,
+    original: Callable[..., Any],
+    model: Any,
+    weights: Any,
+    args: tuple,
+    kwargs: dict,
+) -> Any:
+    """A draft built unquantized: sglang's load_weights on the dequantizing stream, recorded
+    and checked by the guard."""
+    is_draft = spec.draft_names(model)
+    planner = DraftPlanner(is_draft, narrowed)
+    with WriteRecorder(model, spec.from_target) as writes:
+        stream = DequantizingStream(
+            planner.plan,
+            draft_dtype(model),
+            is_draft,
+            owned=ExpertOwnership.of(model),
+            missing_plan_hint=planner.missing_hint(),
+            observer=writes.on_streamed,
+        )
+        started = time.perf_counter()
+        result = original(model, stream.apply(weights), *args, **kwargs)
+        seconds = time.perf_counter() - started
+    load = DraftLoad.of(
+        spec.class_name, planner.folder, stream, writes, seconds, narrowing=narrowed
+    )
+    context.record_draft_load(load)
+    check_loaded_draft(model, load)
+    summary = load.summary()
+    lines: tuple[str | None, ...] = (summary, load.already_float_summary())
+    if summary is None:
+        lines += (narrowing.narrowing_line(spec.class_name, narrowed),)
+    for line in lines:
+        if line is not None:
+            logger.info("%s", line)
+    return result
+
+
 class DraftPlanner:
     """Plans one draft load from the files sglang resolved for it, once it starts streaming."""
 
     def __init__(
-        self, is_draft: Callable[[str], bool], wanted: Callable[[str], bool] | None = None
+        self,
+        is_draft: Callable[[str], bool],
+        narrowed: narrowing.DraftNarrowing | None = None,
+        wanted: Callable[[str], bool] | None = None,
     ) -> None:
         self.is_draft = is_draft
+        self.narrowed = narrowed
         #: the checkpoint names the plan decides for (default: every draft name)
         self.wanted = wanted or is_draft
         self.launch = context.draft_launch()
@@ -206,7 +237,8 @@ class DraftPlanner:
         if source is None:
             return None
         self.folder = source.folder
-        plan = DequantPlan.build(Checkpoint.open(source, wanted=self.wanted))
+        parsed = self.narrowed.take_indexes(source.folder) if self.narrowed else None
+        plan = DequantPlan.build(Checkpoint.open(source, wanted=self.wanted, indexes=parsed))
         if fallback and (plan.to_dequantize or plan.errors):
             logger.warning(
                 "sglang-mtp-dequant: sglang's DefaultModelLoader did not report the draft's "

@@ -30,6 +30,7 @@ from . import context
 from .drafts import DraftSpec, draft_dtype
 from .guard import WriteRecorder, check_loaded_draft
 from .load_record import DraftLoad
+from .narrowing import DraftNarrowing, narrowing_line
 from .plain_parts import feeds_plain_linear, plain_linears
 from .stream import DequantizingStream
 
@@ -42,6 +43,7 @@ def load_quantized_draft(
     model: torch.nn.Module,
     weights: Any,
     planner_class: Callable[..., Any],
+    narrowed: DraftNarrowing,
     *args: Any,
     **kwargs: Any,
 ) -> Any:
@@ -51,7 +53,7 @@ def load_quantized_draft(
     is_draft = spec.draft_names(model)
     linears = plain_linears(model)
     planner = planner_class(
-        is_draft, wanted=lambda n: is_draft(n) and feeds_plain_linear(n, linears)
+        is_draft, narrowed, wanted=lambda n: is_draft(n) and feeds_plain_linear(n, linears)
     )
     with WriteRecorder(model, spec.from_target) as writes:
         stream = DequantizingStream(
@@ -67,10 +69,10 @@ def load_quantized_draft(
         seconds = time.perf_counter() - started
     config = getattr(model, "quant_config", None)
     quant = str(config.get_name()) if config is not None else None
-    load = DraftLoad.of(spec.class_name, planner.folder, stream, writes, seconds, quant)
+    load = DraftLoad.of(spec.class_name, planner.folder, stream, writes, seconds, quant, narrowed)
     context.record_draft_load(load)
     check_loaded_draft(model, load)
-    line = load.summary()
-    if line is not None:
-        logger.info("%s", line)
+    for line in (load.summary() or narrowing_line(spec.class_name, narrowed),):
+        if line is not None:
+            logger.info("%s", line)
     return result

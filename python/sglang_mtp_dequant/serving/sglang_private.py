@@ -56,10 +56,17 @@ LEDGER: tuple[Private, ...] = (
         why="the folder and exact file list sglang streams (folder, HF snapshot of symlinks, "
         "hub id in a cache or --download-dir, ModelScope, index filtering) are only known "
         "inside it",
-        how="AROUND hook that records the result and passes arguments and result through; "
-        "the CLI calls it offline to resolve a path as the server would",
+        how="AROUND hook that records the result and passes arguments and result through, "
+        "except inside a hooked draft load, where it narrows the file list to the files the "
+        "checkpoint's index says hold the draft's tensors (narrowing.py); the CLI calls it "
+        "offline to resolve a path as the server would. Not the model's "
+        "allow_patterns_overrides (read by DefaultModelLoader.Source.init_new when the weight "
+        "generator first runs, i.e. inside load_weights): _prepare_weights globs only the first "
+        "of those patterns that matches anything, so no list of files can be said with it, and "
+        "it changes the hub download and index checks as well",
         read_in="0.5.23",
-        remove_when="sglang reports resolved weight files to plugins (e.g. a loader event)",
+        remove_when="sglang reports resolved weight files to plugins (e.g. a loader event) and "
+        "lets a draft class name the weight files it needs",
     ),
     Private(
         name=MTP_FILE_TARGET,

@@ -18,8 +18,9 @@ snapshot (files are symlinks into ``../../blobs/``), a hub id found in the defau
 filters by ``model.safetensors.index.json`` and adds a stray ``mtp.safetensors`` for GLM NextN
 checkpoints. Each of those rules, written again here, is one more way to plan from files that
 are not the ones streamed. So in a server the plugin records what ``_prepare_weights`` and
-``maybe_add_mtp_safetensors`` returned (the hooks change nothing: they pass the arguments and
-the result through), and the CLI calls those same two functions.
+``maybe_add_mtp_safetensors`` returned (the hooks pass the arguments and the result through;
+inside a hooked draft load only, ``_prepare_weights``'s file list is narrowed to the files
+holding the draft's tensors, ``narrowing.py``), and the CLI calls those same two functions.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 from ..errors import CheckpointFormatError
 from ..formats.checkpoint import WeightSource
 from ..formats.config import CheckpointConfig
-from . import context, sglang_private
+from . import context, narrowing, sglang_private
 
 #: the index name sglang filters safetensors files with (``SAFE_WEIGHTS_INDEX_NAME``)
 SGLANG_INDEX = "model.safetensors.index.json"
@@ -43,11 +44,16 @@ def _resolver_name() -> str:
 
 
 def observe_prepare_weights(original, loader, model_name_or_path, *args, **kwargs):
-    """AROUND ``DefaultModelLoader._prepare_weights``: record the folder and files it chose."""
+    """AROUND ``DefaultModelLoader._prepare_weights``: record the folder and files it chose;
+    inside a hooked draft load, narrowed to the files holding the draft's tensors
+    (``narrowing.py``; everywhere else the result passes through unchanged)."""
     result = original(loader, model_name_or_path, *args, **kwargs)
     folder, files = result[0], result[1]
+    streamed = narrowing.narrow_resolved(folder, list(files))
+    if len(streamed) != len(files):
+        result = (folder, streamed, *result[2:])
     context.record_weight_source(
-        WeightSource(str(model_name_or_path), folder, tuple(files), _resolver_name())
+        WeightSource(str(model_name_or_path), folder, tuple(streamed), _resolver_name())
     )
     return result
 

@@ -139,6 +139,19 @@ def build_draft(model_config, device: str | torch.device = "cpu") -> torch.nn.Mo
             return sglang_private.initialize_model(model_config, load_config, quant_config)
 
 
+def load_model(model_config, download_dir: str | None = None) -> torch.nn.Module:
+    """sglang's own ``DefaultModelLoader.load_model`` of ``model_config`` on the CPU: its
+    quantization config, its build, its file resolution and weight stream, the class's
+    ``load_weights`` (hooked or not) and its post-processing, as a draft worker loads it."""
+    from sglang.srt.configs.device_config import DeviceConfig
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.model_loader.loader import DefaultModelLoader
+
+    loader = DefaultModelLoader(LoadConfig(load_format="auto", download_dir=download_dir))
+    with placeholder_vllm_rotary(), generic_rope_on_cpu():
+        return loader.load_model(model_config=model_config, device_config=DeviceConfig("cpu"))
+
+
 def sglang_weights(model_config, model: torch.nn.Module, download_dir: str | None = None):
     """The weight stream sglang's ``DefaultModelLoader`` gives ``model.load_weights``: it
     resolves the checkpoint (folder, hub id, ``download_dir``) when first advanced."""

@@ -126,8 +126,14 @@ def check_loaded_draft(model: torch.nn.Module, load: DraftLoad) -> list[Finding]
     findings += inspect_parameters(written, sources)
     if not findings:
         return []
+    narrowed = load.narrowing_detail() if unwritten else None
     error = MisloadedDraftError(
-        findings, load.class_name, load.folder, writes.skipped_names(), _built_as(load)
+        findings,
+        load.class_name,
+        load.folder,
+        writes.skipped_names(),
+        _built_as(load),
+        note=narrowed,
     )
     if mode == "warn":
         logger.warning("%s (continuing: %s=warn)", error, MODE_ENV)

@@ -135,6 +135,7 @@ class MisloadedDraftError(DraftWeightError):
         folder: str | None,
         skipped: list[str] | None = None,
         built_quantized: str | None = None,
+        note: str | None = None,
     ) -> None:
         self.findings = findings
         self.skipped = skipped or []
@@ -147,6 +148,8 @@ class MisloadedDraftError(DraftWeightError):
             shown = ", ".join(self.skipped[:8])
             more = f" and {len(self.skipped) - 8} more" if len(self.skipped) > 8 else ""
             lines += f"\n  checkpoint tensors sglang's loaders skipped: {shown}{more}"
+        if note:
+            lines += f"\n  {note}"
         doctor = f"sglang-mtp-dequant doctor {folder}" if folder else "sglang-mtp-dequant doctor"
         hint = (
             f"run `{doctor}` to see how each draft tensor is stored and which the draft class "

@@ -38,6 +38,7 @@ from ...formats.naming import (
 from ...formats.plan import DequantPlan, PlannedTensor
 from ...serving.context import sglang_version
 from ...serving.drafts import DraftSpec, spec_for_architecture, spec_for_class
+from ...serving.narrowing import NARROW_ENV, FileChoice, choose_files, count_walk
 from ..preflight import check_model_path
 from ..resolve import resolve_checkpoint
 from .model import Diagnosis, TensorRow
@@ -103,6 +104,7 @@ def diagnose(
         report.problems.append(str(exc))
         return report
     report.description_file = ckpt.description_file
+    _draft_walk(report, source, spec, built, config)
     if not ckpt.files:
         report.problems.append(
             f"{report.folder} holds no *.safetensors file sglang would stream: no weights"
@@ -148,6 +150,31 @@ def diagnose(
         else:
             _dry_run(report, built, ckpt, plan if report.plugin_acts else None, spec)
     return report
+
+
+def _draft_walk(report: Diagnosis, source, spec, built, config) -> None:
+    """How many tensors and files the draft load walks, stock and with the plugin (which
+    streams only the files the index says hold the draft's tensors: ``narrowing.py``)."""
+    if spec is not None:
+        keeps = spec.kept_names(built.model if built is not None else config)
+        choice = choose_files(source.folder, source.files, keeps)
+    else:
+        keeps = _draft_names(spec, built, config)
+        files = tuple(source.files)
+        choice = FileChoice(source.folder, files, files, not_narrowed="the plugin hooks no class")
+    try:
+        walk = count_walk(choice, keeps)
+    except CheckpointFormatError as exc:
+        report.unchecked.append(f"how many tensors the draft load walks: {exc}")
+        return
+    report.walk = walk.to_json()
+    for path, name in walk.missed.items():
+        report.problems.append(
+            f"{path} holds the draft tensor {name!r}, but {', '.join(choice.indexes)} lists no "
+            "draft tensor in it: the plugin would not stream that file (and the guard would "
+            "refuse the draft if a parameter is left unwritten); fix the index, or set "
+            f"{NARROW_ENV}=off to stream every file"
+        )
 
 
 def _build(report: Diagnosis, source, launch: Launch | None):

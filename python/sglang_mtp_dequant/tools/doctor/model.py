@@ -79,6 +79,8 @@ class Diagnosis:
     unfilled: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     dry_run: str = ""  # which class was dry-run, or why none was
+    #: the tensors and files the draft load walks, stock and with the plugin (``Walk.to_json``)
+    walk: dict[str, Any] | None = None
 
     @property
     def verdict(self) -> str:
@@ -153,6 +155,7 @@ class Diagnosis:
             "counts": self.counts(),
             "stock_sglang": self.stock,
             "dry_run": self.dry_run,
+            "draft_load_walk": self.walk,
             "unfilled_parameters": self.unfilled,
             "skipped_names": self.skipped,
             "problems": self.problems,

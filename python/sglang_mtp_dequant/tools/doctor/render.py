@@ -56,6 +56,8 @@ def render_text(report: Diagnosis) -> str:
         lines.append(
             f"  safetensors files: {report.files}; draft dtype: {report.draft_dtype or '?'}"
         )
+    if report.walk is not None:
+        lines.append(f"  draft load walks: {walk_line(report.walk)}")
     lines.append("")
     if report.tensors:
         table = [_COLUMNS] + [_cells(r) for r in report.tensors]
@@ -98,3 +100,20 @@ def render_text(report: Diagnosis) -> str:
     lines.append("")
     lines.append(f"verdict: {report.verdict} - {report.reason}")
     return "\n".join(lines)
+
+
+def walk_line(walk: dict) -> str:
+    """``stock 200,035 tensors in 5 files; with the plugin 35 in 1 (4 files skipped ...)``."""
+    stock, plugin = walk["stock"], walk["plugin"]
+    said = (
+        f"stock {stock['tensors']:,} tensors in {stock['files']} files; with the plugin "
+        f"{plugin['tensors']:,} in {plugin['files']}"
+    )
+    if walk["skipped_files"]:
+        said += (
+            f" ({len(walk['skipped_files'])} files skipped: no draft tensor in them by "
+            f"{', '.join(walk['narrowed_by'])})"
+        )
+    elif walk["not_narrowed"]:
+        said += f" (not narrowed: {walk['not_narrowed']})"
+    return said

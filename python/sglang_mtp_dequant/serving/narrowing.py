@@ -1,0 +1,302 @@
+"""The draft streams only the files that hold its tensors: its start-up follows the draft's
+size, not the checkpoint's.
+
+Usage::
+
+    # the load_weights hook (plugin.py), around sglang's own load_weights of the draft
+    with narrowing.draft_load(spec.kept_names(model)) as narrowed:
+        original(model, weights)            # sglang resolves its files inside: narrowed here
+    narrowed.summary()                      # "streamed 1 of 5 weight files, skipped 4 ..."
+
+    # sources.observe_prepare_weights, on the files sglang's _prepare_weights returned
+    files = narrowing.narrow_resolved(folder, files)
+
+    # the doctor: the same choice offline, and what each load walks
+    choice = choose_files(folder, files, keeps)
+    walk = count_walk(choice, keeps)        # tensors and files, stock and with the plugin
+
+Why: sglang builds the MTP/NextN draft from the target's checkpoint and streams it every
+tensor of every shard; the draft's ``load_weights`` drops all names but its own. The cost is
+per tensor walked, and a ModelSlim MoE export holds hundreds of thousands of them (each
+expert weight with its ``weight_scale`` and ``weight_offset``). The checkpoint's index
+(``model.safetensors.index.json``, ModelSlim's ``quant_model_weights.safetensors.index.json``
+or V0's ``quant_model_weight_<type>.safetensors.index.json``) says which file holds each name,
+so the files holding no name the draft class keeps can be left out of sglang's file list.
+
+Rules, each keeping the load at least what stock sglang streams of the draft:
+- a file no index lists (``maybe_add_mtp_safetensors``'s out-of-index ``mtp.safetensors``, a
+  stray shard) is kept: nothing says what it holds;
+- no index, or an index that cannot be read: nothing is narrowed;
+- the narrowing is active only inside a hooked draft ``load_weights`` (a context variable,
+  so sglang's target load and anything resolved on another thread are untouched), and
+  ``SGLANG_MTP_DEQUANT_NARROW=off`` switches it off;
+- an index that is wrong (a draft tensor in a file it attributes elsewhere) is what the
+  completeness guard catches: a parameter left unwritten stops the load, and its message
+  names the files skipped (``detail``).
+
+Files are compared by their path under the folder, as sglang joins them: in a Hugging Face
+snapshot they are symlinks into ``../../blobs/``, whose own names say nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import glob
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from ..errors import SettingError
+from ..formats.checkpoint import header_names
+
+NARROW_ENV = "SGLANG_MTP_DEQUANT_NARROW"
+_SETTINGS = {"on": True, "1": True, "off": False, "0": False}
+INDEX_PATTERN = "*.safetensors.index.json"
+
+NameRule = Callable[[str], bool]
+
+
+def narrowing_enabled() -> bool:
+    """``SGLANG_MTP_DEQUANT_NARROW``: ``on`` (default) or ``off``; a typo stops the start-up."""
+    raw = os.environ.get(NARROW_ENV, "on").strip().lower() or "on"
+    if raw not in _SETTINGS:
+        raise SettingError(
+            setting=NARROW_ENV,
+            problem=f"{NARROW_ENV}={os.environ.get(NARROW_ENV)!r} is not one of on, off",
+            hint="set it to on or off, or unset it (on)",
+        )
+    return _SETTINGS[raw]
+
+
+@dataclass(frozen=True)
+class FileChoice:
+    """Which of the files sglang resolved a draft load streams, and why."""
+
+    folder: str
+    #: the files sglang resolved, in its order
+    resolved: tuple[str, ...]
+    #: the files the draft load streams (a subsequence of ``resolved``)
+    kept: tuple[str, ...]
+    #: the index files the choice was made from (names under ``folder``)
+    indexes: tuple[str, ...] = ()
+    #: why nothing was narrowed (None: narrowed, or nothing to narrow)
+    not_narrowed: str | None = None
+    #: whether the index lists any draft tensor (if not, the draft is in files it does not
+    #: list, as ``maybe_add_mtp_safetensors``'s ``mtp.safetensors``, or nowhere)
+    indexed_draft: bool = True
+
+    @property
+    def skipped(self) -> tuple[str, ...]:
+        kept = set(self.kept)
+        return tuple(f for f in self.resolved if f not in kept)
+
+    def summary(self) -> str:
+        """``streamed K of N weight files`` and, if any, which were skipped and on what ground."""
+        said = f"streamed {len(self.kept)} of {len(self.resolved)} weight files"
+        if self.skipped:
+            by = ", ".join(self.indexes)
+            said += f", skipped {len(self.skipped)} holding no draft tensor by {by}"
+        elif self.not_narrowed:
+            said += f" (not narrowed: {self.not_narrowed})"
+        return said
+
+    def detail(self) -> str | None:
+        """The guard's line when a narrowed load leaves a parameter unwritten, or None."""
+        if not self.skipped:
+            return None
+        names = ", ".join(os.path.basename(f) for f in self.skipped[:4])
+        more = f" and {len(self.skipped) - 4} more" if len(self.skipped) > 4 else ""
+        nothing = (
+            ""
+            if self.indexed_draft
+            else " (the index lists no draft tensor at all: does the "
+            "checkpoint hold the MTP layer?)"
+        )
+        return (
+            f"the plugin {self.summary()} ({names}{more}){nothing}; if one of them holds a "
+            f"draft tensor, the index is wrong: fix it, or set {NARROW_ENV}=off to stream "
+            "every file"
+        )
+
+
+def choose_files(
+    folder: str,
+    files: list[str] | tuple[str, ...],
+    keeps: NameRule,
+    indexes: dict[str, object] | None = None,
+) -> FileChoice:
+    """The files of ``files`` a draft whose ``load_weights`` keeps ``keeps`` needs.
+
+    A file is kept when an index of ``folder`` maps a kept name to it, or when no index lists
+    it; see the module docstring for when nothing is narrowed. ``indexes`` are the folder's
+    index files already parsed (``read_indexes``).
+    """
+    resolved = tuple(files)
+    if not narrowing_enabled():
+        return FileChoice(folder, resolved, resolved, not_narrowed=f"{NARROW_ENV}=off")
+    indexes = read_indexes(folder) if indexes is None else indexes
+    if not indexes:
+        return FileChoice(folder, resolved, resolved)
+    listed: set[str] = set()
+    needed: set[str] = set()
+    for name, raw in sorted(indexes.items()):
+        weight_map = _weight_map(raw)
+        if weight_map is None:
+            return FileChoice(folder, resolved, resolved, not_narrowed=f"{name} unreadable")
+        listed.update(weight_map.values())
+        needed.update(shard for tensor, shard in weight_map.items() if keeps(tensor))
+    listed, needed = {os.path.normpath(s) for s in listed}, {os.path.normpath(s) for s in needed}
+    kept = tuple(f for f in resolved if _under(f, folder) not in listed - needed)
+    return FileChoice(folder, resolved, kept, tuple(sorted(indexes)), indexed_draft=bool(needed))
+
+
+def read_indexes(folder: str) -> dict[str, object]:
+    """Index file name -> its parsed JSON (None: not readable as JSON), for every index in
+    ``folder``: parsed once per load, for the narrowing and the plan (``Checkpoint.open``)."""
+    found: dict[str, object] = {}
+    for path in glob.glob(os.path.join(glob.escape(folder), INDEX_PATTERN)):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                found[os.path.basename(path)] = json.load(handle)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            found[os.path.basename(path)] = None
+    return found
+
+
+def _weight_map(raw: object) -> dict[str, str] | None:
+    """An index's ``weight_map`` of name -> shard, or None if it holds none."""
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(v, str) and v for v in weight_map.values()
+    ):
+        return None
+    return weight_map
+
+
+def _under(path: str, folder: str) -> str:
+    """``path`` as named under ``folder`` (lexically: a snapshot's symlinks stay themselves)."""
+    return os.path.normpath(os.path.relpath(path, folder))
+
+
+# -- one draft load ---------------------------------------------------------------------------
+
+
+@dataclass
+class DraftNarrowing:
+    """The narrowing of one hooked draft load: what it keeps, and each resolution it made."""
+
+    keeps: NameRule
+    choices: list[FileChoice] = field(default_factory=list)
+    #: folder -> its parsed index files, until the plan takes them (``take_indexes``)
+    _indexes: dict[str, dict[str, object]] = field(default_factory=dict, repr=False)
+
+    def narrow(self, folder: str, files: list[str]) -> list[str]:
+        indexes = read_indexes(folder) if narrowing_enabled() else {}
+        choice = choose_files(folder, files, self.keeps, indexes)
+        self.choices.append(choice)
+        self._indexes[folder] = indexes
+        return list(choice.kept)
+
+    def take_indexes(self, folder: str) -> dict[str, object] | None:
+        """The index files this load parsed for ``folder`` (once: a large index is big), or
+        None if it parsed none there."""
+        return self._indexes.pop(folder, None)
+
+    @property
+    def skipped(self) -> int:
+        return sum(len(c.skipped) for c in self.choices)
+
+    def summary(self) -> str | None:
+        """What the load streamed (the log line's clause), or None if sglang resolved nothing
+        inside it (another loader, or files resolved ahead of the load)."""
+        return "; ".join(c.summary() for c in self.choices) or None
+
+    def detail(self) -> str | None:
+        return "; ".join(d for c in self.choices if (d := c.detail()) is not None) or None
+
+
+_ACTIVE: contextvars.ContextVar[DraftNarrowing | None] = contextvars.ContextVar(
+    "mtp_dequant_narrowing", default=None
+)
+
+
+@contextlib.contextmanager
+def draft_load(keeps: NameRule) -> Iterator[DraftNarrowing]:
+    """Within this block, sglang's resolutions of weight files are narrowed to ``keeps``."""
+    narrowing = DraftNarrowing(keeps)
+    token = _ACTIVE.set(narrowing)
+    try:
+        yield narrowing
+    finally:
+        _ACTIVE.reset(token)
+        narrowing._indexes.clear()
+
+
+def narrow_resolved(folder: str, files: list[str]) -> list[str]:
+    """The files a draft load in progress streams of those sglang resolved (all of them
+    outside a hooked draft load)."""
+    narrowing = _ACTIVE.get()
+    if narrowing is None:
+        return files
+    return narrowing.narrow(folder, files)
+
+
+# -- what a load walks ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Walk:
+    """How many tensors and files a draft load walks, stock and with the plugin."""
+
+    stock_files: int
+    stock_tensors: int
+    plugin_files: int
+    plugin_tensors: int
+    choice: FileChoice
+    #: skipped file -> a draft tensor its header holds (an index that is wrong about it)
+    missed: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "stock": {"files": self.stock_files, "tensors": self.stock_tensors},
+            "plugin": {"files": self.plugin_files, "tensors": self.plugin_tensors},
+            "skipped_files": [os.path.basename(f) for f in self.choice.skipped],
+            "narrowed_by": list(self.choice.indexes) if self.choice.skipped else [],
+            "not_narrowed": self.choice.not_narrowed,
+            "draft_tensors_in_skipped_files": self.missed,
+        }
+
+
+def count_walk(choice: FileChoice, keeps: NameRule) -> Walk:
+    """The tensors each load walks, counted in the files' headers (stock walks every file
+    sglang resolved, the plugin ``choice.kept``), and any draft tensor a skipped file holds."""
+    counts: dict[str, int] = {}
+    missed: dict[str, str] = {}
+    skipped = set(choice.skipped)
+    for path in choice.resolved:
+        names = header_names(path)
+        counts[path] = len(names)
+        if path in skipped:
+            found = next((n for n in names if keeps(n)), None)
+            if found is not None:
+                missed[path] = found
+    return Walk(
+        stock_files=len(choice.resolved),
+        stock_tensors=sum(counts.values()),
+        plugin_files=len(choice.kept),
+        plugin_tensors=sum(counts[f] for f in choice.kept),
+        choice=choice,
+        missed=missed,
+    )
+
+
+def narrowing_line(class_name: str, narrowed: DraftNarrowing) -> str | None:
+    """The INFO line of a load that skipped files (a decoding load says it in its own)."""
+    if not narrowed.skipped:
+        return None
+    return (
+        f"sglang-mtp-dequant: {class_name} draft from {narrowed.choices[-1].folder}: "
+        f"{narrowed.summary()}"
+    )
