@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.join(REPO, "test"))
 
 from bench_scaling import quiet_stderr  # noqa: E402
 from machine import describe  # noqa: E402
+
 from support.paths import fixture_dir  # noqa: E402
 from support.sharded import write_sharded  # noqa: E402
 

@@ -108,9 +108,7 @@ def load(sglang_cpu, caplog):
         with contextlib.nullcontext() if plugin else bypassed():
             model = load_model(config, download_dir=download_dir)
         return {
-            n: p.detach().clone()
-            for n, p in model.named_parameters()
-            if n not in NOT_LOADED[name]
+            n: p.detach().clone() for n, p in model.named_parameters() if n not in NOT_LOADED[name]
         }
 
     return run
@@ -258,9 +256,7 @@ def test_the_out_of_index_mtp_file_sglang_adds_is_all_a_glm_draft_streams(load, 
 # -- never less than the class needs -------------------------------------------------------
 
 
-def test_a_draft_tensor_the_index_places_wrongly_is_refused_not_served(
-    load, tmp_path, monkeypatch
-):
+def test_a_draft_tensor_the_index_places_wrongly_is_refused_not_served(load, tmp_path, monkeypatch):
     """``mtp.fc.weight`` written into the target-only shard 2 while the index keeps it in 3:
     the narrowed load skips shard 2, and the guard refuses the draft, naming the parameter, the
     skipped file and the way out; with the narrowing off the same checkpoint loads right."""

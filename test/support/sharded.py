@@ -34,7 +34,9 @@ V1_STEM = "quant_model_weights"
 DESCRIPTION = "quant_model_description.json"
 #: a Qwen3.5 target's routed experts (no "mtp" in the name: the draft's loader drops them)
 QWEN35_EXPERTS = "model.language_model.layers.0.mlp.experts"
-_PARTS = [(p, s) for p in ("gate", "up", "down") for s in ("weight", "weight_scale", "weight_offset")]
+_PARTS = [
+    (p, s) for p in ("gate", "up", "down") for s in ("weight", "weight_scale", "weight_offset")
+]
 
 
 def shard_name(number: int, total: int, stem: str = V1_STEM) -> str:

@@ -109,7 +109,9 @@ class FileChoice:
         names = ", ".join(os.path.basename(f) for f in self.skipped[:4])
         more = f" and {len(self.skipped) - 4} more" if len(self.skipped) > 4 else ""
         nothing = (
-            "" if self.indexed_draft else " (the index lists no draft tensor at all: does the "
+            ""
+            if self.indexed_draft
+            else " (the index lists no draft tensor at all: does the "
             "checkpoint hold the MTP layer?)"
         )
         return (

@@ -16,8 +16,8 @@ that hold the draft's tensors (``narrowing.py``). When a draft built unquantized
 stream (``stream.py``), planned from exactly the files sglang streams, while recording every
 parameter write (``guard/writes.py``); afterwards the guard refuses a draft left partly
 unwritten or holding raw codes. With a quant config sglang's loading is what it would be
-without the plugin, on the narrowed files. ``register`` also arms the Ray launch check (``ray_setup.py``): sglang's Ray actors never load
-plugins themselves.
+without the plugin, on the narrowed files. ``register`` also arms the Ray launch check
+(``ray_setup.py``): sglang's Ray actors never load plugins themselves.
 
 sglang's plugin loader only logs exceptions, so a hook target that cannot be resolved (another
 sglang version, a module that fails to import) is reported here with a WARNING naming it, the
