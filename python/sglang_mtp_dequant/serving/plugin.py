@@ -17,7 +17,7 @@ stream (``stream.py``), planned from exactly the files sglang streams, while rec
 parameter write (``guard/writes.py``); afterwards the guard refuses a draft left partly
 unwritten or holding raw codes. A draft built with a quant config keeps sglang's own stream,
 except for the codes of its plain ``nn.Linear`` parts (``fc``, ``eh_proj``), and is guarded the
-same way (``quantized_load.py``).
+same way (``quantized_load.py``); both load only the narrowed files.
 ``register`` also arms the Ray launch check (``ray_setup.py``): sglang's Ray actors never load
 plugins themselves.
 
