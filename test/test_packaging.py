@@ -76,6 +76,7 @@ PACKAGE = os.path.join(ROOT, "python", "sglang_mtp_dequant")
 ALLOWED_THIRD_PARTY = {
     "torch", "torchvision", "safetensors", "huggingface_hub", "numpy", "ray",
     "compressed_tensors",  # in pyproject_npu.toml too; pinned 0.18.0 by the CUDA wheel
+    "orjson",  # in pyproject_npu.toml too, unpinned
 }  # fmt: skip
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+import orjson
+
 from ..errors import CheckpointFormatError
 
 CONFIG_NAME = "config.json"
@@ -91,11 +93,26 @@ class CheckpointConfig:
         return _as_namespace(self.raw)
 
 
+def read_json(path: str) -> object:
+    """The JSON in ``path``, parsed by orjson: a large export's index and description list
+    every tensor. What orjson refuses is parsed again by Python's json (which also takes NaN),
+    so the files read, and the errors raised, are json's.
+
+    Raises:
+        OSError, UnicodeDecodeError, json.JSONDecodeError: as ``json.load`` would.
+    """
+    with open(path, "rb") as handle:
+        raw = handle.read()
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw.decode("utf-8"))
+
+
 def load_json(path: str, what: str, hint: str) -> object:
     """The JSON in ``path``, or a ``CheckpointFormatError`` naming it as ``what``."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+        return read_json(path)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointFormatError(
             file=path, problem=f"is not readable as {what} ({exc})", hint=hint
