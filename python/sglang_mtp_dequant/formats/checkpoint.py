@@ -30,6 +30,8 @@ import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import not_
 
 import torch
 from safetensors import safe_open
@@ -207,10 +209,13 @@ class Checkpoint:
                 hint="restore the quant_model_description.json msmodelslim wrote",
             )
         self.description_file = path
-        self.description = {k: v for k, v in raw.items() if isinstance(v, str)}
-        self.description_flags = {k: v for k, v in raw.items() if not isinstance(v, str)}
-        self.format_version = self.description.get("version")
         group_size = raw.get("group_size", 0)
+        # it lists every tensor: split in C-level passes, the few flags popped out of it
+        is_type = list(map(isinstance, raw.values(), repeat(str)))
+        flags = [] if all(is_type) else list(compress(raw, map(not_, is_type)))
+        self.description_flags = {k: raw.pop(k) for k in flags}
+        self.description = raw
+        self.format_version = self.description.get("version")
         if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 0:
             raise CheckpointFormatError(
                 file=path,
@@ -233,35 +238,54 @@ class Checkpoint:
                     problem="has no 'weight_map' object",
                     hint="restore the index file the exporter wrote, or delete it",
                 )
-            # a large export's index maps hundreds of thousands of names to a few shards:
-            # each shard's checks are made once
-            inside: dict[str, bool] = {}
-            present: dict[str, bool] = {}
-            for name, shard in weight_map.items():
-                if not isinstance(shard, str) or not shard or "\x00" in shard:
-                    raise CheckpointFormatError(
-                        file=index_path,
-                        problem=f"maps {name!r} to {shard!r}, not a file name",
-                        hint="restore the index file the exporter wrote, or delete it",
-                    )
-                if shard not in inside:
-                    inside[shard] = _inside_folder(shard)
-                if not inside[shard]:
-                    raise CheckpointFormatError(
-                        file=index_path,
-                        problem=f"maps {name!r} to {shard!r}, outside the checkpoint folder",
-                        hint="an index must name shard files in its own folder; fix or delete it",
-                    )
-                if not wanted(name):
-                    continue
-                if shard not in present:
-                    present[shard] = os.path.isfile(os.path.join(self.folder, shard))
-                if not present[shard]:
-                    raise CheckpointFormatError(
-                        file=index_path,
-                        problem=f"maps {name!r} to shard {shard!r}, which does not exist",
-                        hint="the download or export is incomplete: fetch the missing shard",
-                    )
+            if not self._index_shards_sound(weight_map):
+                self._check_index_entries(index_path, weight_map, wanted)
+
+    def _index_shards_sound(self, weight_map: Mapping[str, object]) -> bool:
+        """Whether every shard the index names is a file name inside the folder that exists:
+        checked once per shard (a large export maps hundreds of thousands of names to a
+        few), so that only an index with a problem is walked name by name."""
+        shards = index_shards(weight_map)
+        return shards is not None and all(
+            "\x00" not in shard
+            and _inside_folder(shard)
+            and os.path.isfile(os.path.join(self.folder, shard))
+            for shard in shards
+        )
+
+    def _check_index_entries(
+        self, index_path: str, weight_map: Mapping[str, object], wanted: Callable[[str], bool]
+    ) -> None:
+        """The first entry of ``weight_map`` that is not a file name inside the folder, or
+        that maps a wanted name to a missing shard, as an error (a missing shard no wanted
+        name is in is left to whoever needs it)."""
+        inside: dict[str, bool] = {}
+        present: dict[str, bool] = {}
+        for name, shard in weight_map.items():
+            if not isinstance(shard, str) or not shard or "\x00" in shard:
+                raise CheckpointFormatError(
+                    file=index_path,
+                    problem=f"maps {name!r} to {shard!r}, not a file name",
+                    hint="restore the index file the exporter wrote, or delete it",
+                )
+            if shard not in inside:
+                inside[shard] = _inside_folder(shard)
+            if not inside[shard]:
+                raise CheckpointFormatError(
+                    file=index_path,
+                    problem=f"maps {name!r} to {shard!r}, outside the checkpoint folder",
+                    hint="an index must name shard files in its own folder; fix or delete it",
+                )
+            if not wanted(name):
+                continue
+            if shard not in present:
+                present[shard] = os.path.isfile(os.path.join(self.folder, shard))
+            if not present[shard]:
+                raise CheckpointFormatError(
+                    file=index_path,
+                    problem=f"maps {name!r} to shard {shard!r}, which does not exist",
+                    hint="the download or export is incomplete: fetch the missing shard",
+                )
 
     def _read_header(self, path: str, wanted: Callable[[str], bool]) -> None:
         try:
@@ -331,6 +355,20 @@ def _declared_format(folder: str) -> DeclaredFormat | None:
         return declared_format(CheckpointConfig.read(folder))
     except CheckpointFormatError:
         return None
+
+
+def index_shards(weight_map: object) -> set[str] | None:
+    """The shards an index's ``weight_map`` (name -> shard) names, or None if it is no map of
+    names to non-empty strings: judged once per shard, not per name."""
+    if not isinstance(weight_map, dict):
+        return None
+    try:
+        shards = set(weight_map.values())
+    except TypeError:  # an unhashable entry: not a file name
+        return None
+    if not all(isinstance(shard, str) and shard for shard in shards):
+        return None
+    return shards
 
 
 def _inside_folder(entry: str) -> bool:

@@ -47,9 +47,11 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import compress
 
 from ..errors import SettingError
-from ..formats.checkpoint import header_names
+from ..formats.checkpoint import header_names, index_shards
+from ..formats.config import read_json
 
 NARROW_ENV = "SGLANG_MTP_DEQUANT_NARROW"
 _SETTINGS = {"on": True, "1": True, "off": False, "0": False}
@@ -142,11 +144,13 @@ def choose_files(
     listed: set[str] = set()
     needed: set[str] = set()
     for name, raw in sorted(indexes.items()):
-        weight_map = _weight_map(raw)
-        if weight_map is None:
+        weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+        shards = index_shards(weight_map)
+        if shards is None:
             return FileChoice(folder, resolved, resolved, not_narrowed=f"{name} unreadable")
-        listed.update(weight_map.values())
-        needed.update(shard for tensor, shard in weight_map.items() if keeps(tensor))
+        listed |= shards
+        # one C-level pass over the names: the rule's verdicts select their shards
+        needed.update(compress(weight_map.values(), map(keeps, weight_map)))
     listed, needed = {os.path.normpath(s) for s in listed}, {os.path.normpath(s) for s in needed}
     kept = tuple(f for f in resolved if _under(f, folder) not in listed - needed)
     return FileChoice(folder, resolved, kept, tuple(sorted(indexes)), indexed_draft=bool(needed))
@@ -158,21 +162,10 @@ def read_indexes(folder: str) -> dict[str, object]:
     found: dict[str, object] = {}
     for path in glob.glob(os.path.join(glob.escape(folder), INDEX_PATTERN)):
         try:
-            with open(path, encoding="utf-8") as handle:
-                found[os.path.basename(path)] = json.load(handle)
+            found[os.path.basename(path)] = read_json(path)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             found[os.path.basename(path)] = None
     return found
-
-
-def _weight_map(raw: object) -> dict[str, str] | None:
-    """An index's ``weight_map`` of name -> shard, or None if it holds none."""
-    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
-    if not isinstance(weight_map, dict) or not all(
-        isinstance(v, str) and v for v in weight_map.values()
-    ):
-        return None
-    return weight_map
 
 
 def _under(path: str, folder: str) -> str:
