@@ -100,21 +100,21 @@ def tracked_files() -> list[str]:
     return [f for f in listed if os.path.exists(os.path.join(ROOT, f))]
 
 
-def _path_candidates(span: str, tops: set[str], tiers: set[str]) -> list[str]:
+def _repository_path(span: str, tops: set[str], tiers: set[str]) -> str | None:
     """Where a code span that reads as one of this repository's paths must exist: from the
     root when it starts with a top-level folder, from the package when it starts with a
-    tier (``formats/...``); nothing for spans that are not such a path."""
+    tier (``formats/...``); None for spans that are not such a path."""
     path = re.sub(r":\d+(-\d+)?$", "", span).rstrip(".")
-    if any(c in path for c in "<>*{}$|()[],'\"=") or f"{path}/".startswith(SGLANG_TREE):
-        return []
+    if "/" not in path or any(c in path for c in "<>*{}$|()[],'\"="):
+        return None
+    if f"{path}/".startswith(SGLANG_TREE):
+        return None
     first = path.split("/")[0]
-    if "/" not in path:
-        return []
     if first in tops:
-        return [os.path.join(ROOT, path)]
+        return os.path.join(ROOT, path)
     if first in tiers:
-        return [os.path.join(PACKAGE, path)]
-    return []
+        return os.path.join(PACKAGE, path)
+    return None
 
 
 def test_every_repository_path_in_a_code_span_exists():
@@ -131,8 +131,8 @@ def test_every_repository_path_in_a_code_span_exists():
         with open(os.path.join(ROOT, name), encoding="utf-8") as f:
             text = f.read()
         for match in CODE_SPAN.finditer(text):
-            candidates = _path_candidates(match.group(1), tops, tiers)
-            if candidates and not any(os.path.exists(c) for c in candidates):
+            path = _repository_path(match.group(1), tops, tiers)
+            if path is not None and not os.path.exists(path):
                 line = text.count("\n", 0, match.start()) + 1
                 stale.append(f"{name}:{line}: {match.group(1)}")
     assert not stale, stale
