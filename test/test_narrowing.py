@@ -181,9 +181,9 @@ def test_the_embedding_the_qwen35_class_loads_is_streamed_from_the_first_shard(l
 def test_a_draft_built_quantized_is_narrowed_and_loads_what_stock_loads(
     load, tmp_path, caplog, rmsnorm_restored
 ):
-    """``--speculative-draft-model-quantization modelslim``, built as on NPU (sglang's packed-
-    module mapping applied, ``npu_quantization_rule`` of ``tools/cpu_env.py``): sglang's own quantized
-    layers, on the narrowed files."""
+    """``--speculative-draft-model-quantization modelslim``, built as on NPU (sglang's
+    packed-module mapping applied, ``npu_quantization_rule`` of ``tools/cpu_env.py``): sglang's
+    own quantized layers, on the narrowed files."""
     folder, files = sharded(tmp_path, DENSE)
     quantized = {"speculative_draft_model_quantization": "modelslim", "npu": True}
     stock = load(folder, DENSE, plugin=False, **quantized)
