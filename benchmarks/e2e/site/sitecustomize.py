@@ -29,21 +29,18 @@ lacks; none replaces attention, matmul, sampling or acceptance code:
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
-import os
 import sys
 
-MARK = "sglang-mtp-dequant e2e shim:"
+import e2e_shim_gdn
+import e2e_shim_modelslim
+import e2e_shim_npu_ops
+from e2e_shim_hooks import after_import, say
+
 SPEC_TREE = "sglang.kernels.ops.speculative.spec_tree"
 #: the Triton implementations the XPU branch calls, each announced on its first call
 TRITON_TREE_FUNCTIONS = ("sgl_build_tree_kernel_triton", "verify_tree_greedy_triton")
 MOE_NATIVE = "sglang.srt.layers.moe.fused_moe_native"
 MOE_FUNCTION = "moe_forward_native"
-
-
-def _say(message: str) -> None:
-    print(f"{MARK} {message} (pid {os.getpid()})", file=sys.stderr, flush=True)
 
 
 def _announce_first_call(module, name: str) -> None:
@@ -54,7 +51,7 @@ def _announce_first_call(module, name: str) -> None:
     def announced(*args, **kwargs):
         if not called:
             called.append(True)
-            _say(f"{SPEC_TREE}.{name} ran")
+            say(f"{SPEC_TREE}.{name} ran")
         return original(*args, **kwargs)
 
     setattr(module, name, announced)
@@ -70,7 +67,7 @@ def _announce_first_call_per_layer(module, name: str) -> None:
         layer_name = getattr(layer, "layer_name", "?")
         if layer_name not in seen:
             seen.add(layer_name)
-            _say(f"{module.__name__}.{name} ran for {layer_name}")
+            say(f"{module.__name__}.{name} ran for {layer_name}")
         return original(layer, *args, **kwargs)
 
     setattr(module, name, announced)
@@ -80,34 +77,11 @@ def _route_spec_tree(module) -> None:
     module._is_xpu = True
     for name in TRITON_TREE_FUNCTIONS:
         _announce_first_call(module, name)
-    _say(f"{SPEC_TREE} routed to sglang's Triton tree kernels (_is_xpu = True)")
+    say(f"{SPEC_TREE} routed to sglang's Triton tree kernels (_is_xpu = True)")
 
 
 def _observe_moe(module) -> None:
     _announce_first_call_per_layer(module, MOE_FUNCTION)
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """After one of ``actions``' modules executes, apply its action to it."""
-
-    def __init__(self, actions) -> None:
-        self.actions = actions
-
-    def find_spec(self, fullname, path, target=None):
-        action = self.actions.get(fullname)
-        if action is None:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_and_act(module):
-            exec_module(module)
-            action(module)
-
-        spec.loader.exec_module = exec_and_act
-        return spec
 
 
 def _install() -> None:
@@ -115,7 +89,11 @@ def _install() -> None:
 
     ensure_torchvision_importable()
     sys.modules.update(vllm_placeholder())
-    sys.meta_path.insert(0, _AfterImport({SPEC_TREE: _route_spec_tree, MOE_NATIVE: _observe_moe}))
+    after_import(SPEC_TREE, _route_spec_tree)
+    after_import(MOE_NATIVE, _observe_moe)
+    e2e_shim_npu_ops.install()
+    e2e_shim_modelslim.install()
+    e2e_shim_gdn.install()
 
 
 _install()
