@@ -72,6 +72,7 @@ from e2e.checks import (  # noqa: E402
     check_outputs,
     check_shims,
     compare_tokens,
+    first_difference,
 )
 from e2e.client import SPEC_KEYS, Generation, generate  # noqa: E402
 from e2e.inputs import (  # noqa: E402
@@ -412,6 +413,21 @@ def check_transformers(results: dict[str, RunResult], prompts, args) -> list[str
     return failures
 
 
+def target_agreement(results: dict[str, RunResult]) -> dict | None:
+    """How many of the quantized target's tokens (``reference``) are the float target's
+    (``float_reference``), position by position, and where each prompt first leaves them: a
+    figure, not a bound (a W8A8 target may rightly differ; raw codes loaded as weights do not
+    come close)."""
+    quantized, floating = results.get("reference"), results.get("float_reference")
+    if quantized is None or floating is None:
+        return None
+    pairs = list(zip(floating.generations, quantized.generations, strict=True))
+    equal = sum(a == b for f, q in pairs for a, b in zip(f.output_ids, q.output_ids, strict=True))
+    total = sum(len(f.output_ids) for f, _ in pairs)
+    first = [first_difference(f.output_ids, q.output_ids) for f, q in pairs]
+    return {"equal": equal, "total": total, "first_difference": first}
+
+
 def _value(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
@@ -532,8 +548,15 @@ def main(argv: list[str] | None = None) -> int:
         failures += check_moe_logs(by_label)
     bars = Bars.of(by_label, float_min=args.float_min)
     failures += bars.failures()
+    agreement = target_agreement(by_label)
     say("")
     say(table(results))
+    if agreement is not None:
+        say(
+            f"\nthe quantized target's tokens equal to the float target's: "
+            f"{agreement['equal']} of {agreement['total']} (first difference per prompt: "
+            f"{agreement['first_difference']})"
+        )
     say("")
     for r in results:
         say(f"{r.run.label}: {r.command}")
@@ -550,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
                     "new_tokens": args.new_tokens,
                     "bars": bars.to_json(),
                     "pairing": pairing.ratio(*plan.paired) if pairing.rounds else None,
+                    "target_agreement": agreement,
                     "failures": failures,
                     "runs": [r.to_json() for r in results],
                 },

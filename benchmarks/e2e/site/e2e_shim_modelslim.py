@@ -17,9 +17,10 @@ about the checkpoint; sglang's own code runs in both cases:
    ``{"model": {"qkv_proj": [...], "gate_up_proj": [...], ...}}`` that
    ``ModelSlimConfig.get_quant_method`` reads (``modelslim.py``) only ``if _is_npu``. Without
    it the fused ``qkv_proj`` / ``gate_up_proj`` find no scheme, get the unquantized method and
-   load the raw int8 codes as weights. The function is run with the loader module's ``_is_npu``
-   set for the duration of the call, so sglang's own NPU branch adds its own mapping (the
-   branch's other effect, skipping the CUDA capability check, asks nothing of a CPU).
+   load the raw int8 codes as weights. For a ModelSlim load the function is run with the
+   loader module's ``_is_npu`` set for the duration of the call, so sglang's own NPU branch adds
+   its own mapping (the branch's other effect, skipping the CUDA capability check, asks nothing
+   of a CPU); every other load runs as it does here.
 
 Each announces its first use; the harness requires both lines of every server given
 ``--quantization modelslim`` (for the target or the draft).
@@ -62,13 +63,15 @@ def _npu_packed_mapping(module) -> None:
 
     @functools.wraps(original)
     def _get_quantization_config(model_config, load_config):
+        if model_config.quantization != "modelslim":
+            return original(model_config, load_config)  # every other load exactly as here
         was_npu = module._is_npu
         module._is_npu = True
         try:
             config = original(model_config, load_config)
         finally:
             module._is_npu = was_npu
-        if not announced and model_config.quantization == "modelslim":
+        if not announced:
             announced.append(True)
             nested = sorted(getattr(config, "packed_modules_mapping", {}).get("model", {}))
             say(f"{MAPPING_LINE} (model: {nested})")

@@ -4,7 +4,8 @@ The end-to-end harness (``benchmarks/e2e_server.py``) puts this folder first on
 ``PYTHONPATH`` of the servers it starts, so Python runs this file at start-up in the launcher
 and in every process sglang spawns (scheduler, tokenizer, detokenizer). It is never on the
 path of anything else, and never part of the plugin. Each shim covers what a CPU-only machine
-lacks; none replaces attention, matmul, sampling or acceptance code:
+lacks; none replaces sglang's own attention, linear, sampling or acceptance code (5 supplies two
+Ascend kernels sglang calls, computing what they compute):
 
 1. torchvision: PyPI's wheel is a CUDA build whose import fails beside CPU torch; only then
    its two operator schemas are defined (``sglang_mtp_dequant.tools.cpu_env``).
@@ -24,6 +25,16 @@ lacks; none replaces attention, matmul, sampling or acceptance code:
    layer (``model.layers.N.mlp.experts`` of the target, ``mtp.layers.0.mlp.experts`` of the
    MTP draft), which the harness requires of the MoE family, so a MoE run shows that the
    draft's routed experts ran. The call itself is passed through unchanged.
+5. The Ascend kernels of sglang's ModelSlim W8A8_DYNAMIC linear method
+   (``torch.ops.npu.npu_dynamic_quant`` / ``npu_quant_matmul``), registered for the CPU with
+   ``torch.library`` (``e2e_shim_npu_ops.py``), so a ModelSlim folder can be the target.
+6. Two NPU-platform conditions of sglang's ModelSlim path (``e2e_shim_modelslim.py``): float32
+   accepted by ``ModelSlimConfig``, and ``_get_quantization_config`` run with the loader's
+   ``_is_npu`` set, so sglang's own NPU packed-module mapping applies.
+7. The Gated DeltaNet kernels' platform checks under the interpreter (``e2e_shim_gdn.py``).
+
+Each of 5-7 announces its first use (``e2e_shim_hooks.say``) and the harness requires the
+lines of every server that needs it (``benchmarks/e2e/checks.py``).
 """
 
 from __future__ import annotations
