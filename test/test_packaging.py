@@ -101,6 +101,18 @@ def _module_imports() -> dict[str, set[str]]:
     return {m: {t for t in targets if t in graph and t != m} for m, targets in graph.items()}
 
 
+def test_one_ruff_version():
+    """pre-commit's ruff hook and ``make lint`` (requirements/lint.txt) run the same ruff: two
+    versions disagree on formatting, and a contributor's commit hook would fight the CI."""
+    import re
+
+    with open(os.path.join(ROOT, ".pre-commit-config.yaml"), encoding="utf-8") as f:
+        hook = re.search(r"ruff-pre-commit\s+rev:\s*v?(\S+)", f.read())
+    assert hook, ".pre-commit-config.yaml has no ruff-pre-commit rev"
+    pinned = _requirements(os.path.join(ROOT, "requirements", "lint.txt"))["ruff"]
+    assert hook.group(1) == pinned
+
+
 def test_no_import_cycle_in_the_package():
     graph = _module_imports()
     assert "serving.plugin" in graph and "formats.plan" in graph
