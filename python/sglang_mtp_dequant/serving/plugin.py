@@ -30,6 +30,7 @@ import contextvars
 import importlib
 import importlib.util
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -127,17 +128,24 @@ def bypassed() -> Iterator[None]:
         _BYPASS.reset(token)
 
 
-#: the module sglang's own fix adds (upstream/series/): where it exists, sglang dequantizes
-#: ModelSlim draft weights itself and the plugin steps aside
+#: the module sglang's own fix adds for every draft class (upstream/stack/): where it exists,
+#: sglang dequantizes ModelSlim draft weights itself and the plugin steps aside
 UPSTREAM_FIX = "sglang.srt.layers.quantization.modelslim.modelslim_draft"
+#: what the first pull request alone (upstream/series/) defines in the module of the
+#: ``load_weights`` it fixes (Qwen3.5's MTP, which Qwen4-Exp inherits)
+UPSTREAM_FIX_MARKER = "ModelSlimDraftWeightError"
 
 
-def sglang_dequantizes_drafts() -> bool:
-    """Whether this sglang has the fix itself (feature-detected, not by version)."""
+def sglang_dequantizes_drafts(load_weights: Any = None) -> bool:
+    """Whether this sglang has the fix itself (feature-detected, not by version): for every
+    draft class, or for the one whose (unwrapped) ``load_weights`` is given."""
     try:
-        return importlib.util.find_spec(UPSTREAM_FIX) is not None
+        if importlib.util.find_spec(UPSTREAM_FIX) is not None:
+            return True
     except ImportError:
-        return False
+        pass
+    module = sys.modules.get(getattr(load_weights, "__module__", None) or "")
+    return module is not None and hasattr(module, UPSTREAM_FIX_MARKER)
 
 
 def make_load_weights_hook(spec: DraftSpec) -> Callable[..., Any]:
@@ -145,11 +153,11 @@ def make_load_weights_hook(spec: DraftSpec) -> Callable[..., Any]:
         if _BYPASS.get() or getattr(model, "quant_config", None) is not None:
             # the user asked for a quantized draft: its quantized layers consume the codes
             return original(model, weights, *args, **kwargs)
-        if sglang_dequantizes_drafts():
+        if sglang_dequantizes_drafts(original):
             logger.info(
                 "sglang-mtp-dequant: this sglang dequantizes ModelSlim draft weights itself "
                 "(%s); the plugin leaves the %s draft load to it",
-                UPSTREAM_FIX,
+                getattr(original, "__module__", UPSTREAM_FIX),
                 spec.class_name,
             )
             return original(model, weights, *args, **kwargs)
