@@ -17,12 +17,13 @@ from safetensors.torch import load_file
 FIXTURE = os.path.join(
     os.path.dirname(__file__), "fixtures", "modelslim", "q35_dense_w8a8_static_bias"
 )
+REFERENCE = os.path.join(os.path.dirname(__file__), "fixtures", "reference")
 PROJS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def _tensors() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict]:
     weights = load_file(os.path.join(FIXTURE, "quant_model_weights-00001-of-00001.safetensors"))
-    reference = load_file(os.path.join(FIXTURE, "reference_float.safetensors"))
+    reference = load_file(os.path.join(REFERENCE, "q35_dense_w8a8_static_bias.safetensors"))
     with open(os.path.join(FIXTURE, "quant_model_description.json")) as handle:
         return weights, reference, json.load(handle)
 

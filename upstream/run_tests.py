@@ -1,32 +1,32 @@
 #!/usr/bin/env python3
-"""``make upstream-test``: the feature branch through sglang's own CI harness, its negative
-control on the baseline, and bit-identity with the plugin on the repository's fixtures.
+"""``make upstream-test``: the pull-request stack through sglang's own CI harness, PR 1 alone
+and then the whole stack, each with its negative control on the baseline and bit-identity with
+the plugin on the repository's fixtures.
 
 Usage (after ``make upstream-tree``; the Makefile runs it with the venv's python)::
 
-    python upstream/run_tests.py [--repo DIR] [--steps registered,baseline,fixtures,e2e]
+    python upstream/run_tests.py [--repo DIR] [--steps pr1-registered,...,e2e]
 
-Steps:
+Steps (``STEPS``; ``pr1-*`` on a worktree of the tree at ``step/series``, the rest on the
+whole stack):
 
-1. ``registered``: sglang's ``collect_tests(files, sanity_check=True)`` on the test files the
-   branch adds under ``test/registered/``, then ``run_unittest_files`` on their CPU-suite
-   registrations (``base-a-test-cpu``), from the tree's root as sglang's CI runs them
-   (``python3 file.py -f``), with the patched tree first on ``PYTHONPATH`` and the plugin
-   switched off (``SGLANG_PLUGINS=none``). Must pass. Every file must also register for the
-   Ascend PR lane (``base-a-test-1-npu-a2``).
-2. ``baseline``: the same files run the same way on a worktree of the baseline commit (the
-   wheel's sglang files, the branch's test files): must fail, and the output must show the
-   bug (a draft parameter loaded with absmax 128.0: raw int8 codes) or stock sglang's own
-   failure on a companion tensor (KeyError).
-3. ``fixtures``: every checkpoint in test/fixtures/modelslim/ with an MTP draft (named by the
-   package's own rules: Qwen3.5's ``mtp.*``, DeepSeek-V3 / GLM-5's NextN layer): loaded by
-   stock sglang with the plugin and by the patched tree with the plugin off, in two processes
-   (``upstream/load_draft.py``); every draft parameter compared bit for bit. A checkpoint
-   whose draft uses a scheme the branch does not decode must be refused by the branch
-   (``ModelSlimDraftWeightError``), never loaded.
-4. ``e2e``: the server run (benchmarks/e2e/): runs ``$UPSTREAM_E2E`` (a shell
-   command) with the patched tree on PYTHONPATH and SGLANG_PLUGINS=none, when set; says that
-   it was not run otherwise.
+1. ``pr1-registered`` / ``registered``: sglang's ``collect_tests(files, sanity_check=True)`` on
+   the test files the step adds under ``test/registered/``, then ``run_unittest_files`` on
+   their CPU-suite registrations (``base-a-test-cpu``), from the tree's root as sglang's CI
+   runs them (``python3 file.py -f``), with the tree first on ``PYTHONPATH``, then
+   ``upstream/site`` (this machine's CPU shims), and the plugin switched off
+   (``SGLANG_PLUGINS=none``). Must pass. NPU-only files are collected, not run.
+2. ``pr1-baseline`` / ``baseline``: the same CPU files run the same way on a worktree of the
+   baseline commit: must fail, and the output must show the bug (a draft parameter loaded with
+   absmax 128.0: raw int8 codes) or stock sglang's own failure on a companion (KeyError).
+3. ``pr1-fixtures`` / ``fixtures``: every checkpoint in test/fixtures/modelslim/ with an MTP
+   draft (named by the package's own rules; for PR 1 the Qwen3.5 ones only): loaded by stock
+   sglang with the plugin and by the tree with the plugin off, in two processes
+   (``upstream/load_draft.py``); every draft parameter compared bit for bit. A draft whose
+   scheme the tree does not decode must be refused (``ModelSlimDraftWeightError``).
+4. ``e2e``: the server run (benchmarks/e2e/): runs ``$UPSTREAM_E2E`` (a shell command) with
+   the whole stack on PYTHONPATH and SGLANG_PLUGINS=none, when set; says that it was not run
+   otherwise.
 """
 
 from __future__ import annotations

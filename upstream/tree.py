@@ -341,7 +341,9 @@ def check_current(repo: Path, base: dict[str, str], series: Path = SERIES) -> li
     return problems
 
 
-def added_files(repo: Path, base: dict[str, str], under: str, until: str | None = None) -> list[str]:
+def added_files(
+    repo: Path, base: dict[str, str], under: str, until: str | None = None
+) -> list[str]:
     """Files the branch (or the stack up to ``until``) adds under ``under``."""
     out = git(repo, "diff", "--name-only", "--diff-filter=A", TAG, until or base["branch"],
               "--", under)  # fmt: skip
