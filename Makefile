@@ -10,7 +10,8 @@ DEMO_CKPT := test/fixtures/modelslim/q35_dense_w8a8_dynamic
 DEMO_REF := test/fixtures/reference/q35_dense_w8a8_dynamic.safetensors
 
 .PHONY: venv demo test test-fast accept bench bench-scaling lint e2e e2e-short e2e-moe \
-	e2e-moe-short e2e-hybrid e2e-hybrid-msmodelslim upstream-tree upstream-test upstream-series
+	e2e-moe-short e2e-hybrid e2e-hybrid-msmodelslim upstream-tree upstream-test upstream-series \
+	upstream-lint
 
 venv: $(STAMP)
 
@@ -126,7 +127,7 @@ lint: $(LINT_STAMP)
 	$(VENV)/bin/ruff format --check python test benchmarks upstream
 	$(VENV)/bin/mypy python/sglang_mtp_dequant
 
-# -- the fix as a feature branch of sglang's own tree (upstream/BASE, upstream/series/) -------
+# -- the fix as a stack of sglang pull requests (upstream/BASE, upstream/series/, upstream/stack/)
 UPSTREAM_REPO := .cache/upstream/sglang
 # The end-to-end server run against the patched tree: sglang's own server with EAGLE on the
 # CPU, the branch's tree serving with the plugin off, beside stock sglang (make e2e's harness,
@@ -138,11 +139,31 @@ UPSTREAM_E2E ?= $(VPY) benchmarks/e2e_server.py --short --upstream-tree $(UPSTRE
 upstream-tree: $(STAMP)
 	$(VPY) upstream/tree.py tree --repo $(UPSTREAM_REPO) --python $(VPY)
 
-# sglang's collect_tests + run_unittest_files on the branch's registered tests (plugin off),
-# the same tests red on the baseline, fixtures bit-identical to the plugin, then UPSTREAM_E2E
-upstream-test: upstream-tree $(E2E_STAMP)
+# sglang's test harness imports datasets (CustomTestCase): requirements/upstream-test.txt
+UPSTREAM_STAMP := $(VENV)/.upstream-installed
+$(UPSTREAM_STAMP): $(STAMP) requirements/upstream-test.txt
+	$(VPY) -m pip install -qq --no-deps -r requirements/upstream-test.txt
+	touch $(UPSTREAM_STAMP)
+
+# sglang's own lint tools, pinned, in their own venv (requirements/upstream-lint.txt)
+UPSTREAM_LINT_VENV := .cache/upstream-lint-venv
+UPSTREAM_LINT_STAMP := $(UPSTREAM_LINT_VENV)/.installed
+$(UPSTREAM_LINT_STAMP): requirements/upstream-lint.txt
+	test -x $(UPSTREAM_LINT_VENV)/bin/python || $(PYTHON) -m venv $(UPSTREAM_LINT_VENV)
+	$(UPSTREAM_LINT_VENV)/bin/python -m pip install -qq --no-deps -r requirements/upstream-lint.txt
+	touch $(UPSTREAM_LINT_STAMP)
+
+# isort, ruff, ruff format, codespell and the registered-test rules on what the stack touches
+upstream-lint: upstream-tree $(UPSTREAM_LINT_STAMP)
+	$(VPY) upstream/lint.py --repo $(UPSTREAM_REPO) --tools $(UPSTREAM_LINT_VENV)
+
+# PR 1 alone, then the whole stack: sglang's collect_tests + run_unittest_files on the
+# registered tests (plugin off), the same tests red on the baseline, fixtures bit-identical to
+# the plugin; then UPSTREAM_E2E on the whole stack
+upstream-test: upstream-tree upstream-lint $(E2E_STAMP) $(UPSTREAM_STAMP)
 	UPSTREAM_E2E='$(UPSTREAM_E2E)' $(VPY) upstream/run_tests.py --repo $(UPSTREAM_REPO)
 
-# after committing on the tree's branch: rewrite upstream/series/ from it
+# after committing on the tree's branch (and moving its step/* tags): rewrite upstream/series/
+# and upstream/stack/*/ from it
 upstream-series:
 	$(VPY) upstream/tree.py export --repo $(UPSTREAM_REPO)
