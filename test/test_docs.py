@@ -104,7 +104,7 @@ def _repository_path(span: str, tops: set[str], tiers: set[str]) -> str | None:
     """Where a code span that reads as one of this repository's paths must exist: from the
     root when it starts with a top-level folder, from the package when it starts with a
     tier (``formats/...``); None for spans that are not such a path."""
-    path = re.sub(r":\d+(-\d+)?$", "", span).rstrip(".")
+    path = re.sub(r"(:\d+(-\d+)?|::[\w\[\]-]+)$", "", span).rstrip(".")  # a line, a test id
     if "/" not in path or any(c in path for c in "<>*{}$|()[],'\"="):
         return None
     if f"{path}/".startswith(SGLANG_TREE):

@@ -380,7 +380,7 @@ GDN_KERNELS = """
     x, z = torch.randn(T * H, V), torch.randn(T * H, V)
     norm = Qwen3_5RMSNormGated(V, eps=1e-6)
     torch.nn.init.normal_(norm.weight, 1.0, 0.1)
-    got_norm = rms_norm_gated(x, norm.weight.detach(), None, z=z, eps=1e-6,
+    got_norm = rms_norm_gated(x=x, weight=norm.weight.detach(), bias=None, z=z, eps=1e-6,
                               norm_before_gate=True, is_rms_norm=True)
     want_norm = norm(x, z).detach()
     from sglang.kernels.ops.mamba.mamba_state_scatter_triton import (
