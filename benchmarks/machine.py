@@ -11,8 +11,10 @@ with AVX-512 and 2 MiB of L2 per core need not hold on one without.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import time
 
 import torch
 
@@ -107,9 +109,6 @@ def describe() -> str:
 def finish(started: float, json_path: str | None, reps: int, rows: dict) -> None:
     """A benchmark's closing lines: its total time and the load average now, and, when asked,
     its rows with this machine's line and the repetitions as JSON at ``json_path``."""
-    import json
-    import time
-
     print(f"total {time.perf_counter() - started:.0f} s, load average now {os.getloadavg()[0]:.1f}")
     if json_path:
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
