@@ -10,7 +10,8 @@ DEMO_CKPT := test/fixtures/modelslim/q35_dense_w8a8_dynamic
 DEMO_REF := test/fixtures/reference/q35_dense_w8a8_dynamic.safetensors
 
 .PHONY: venv demo test test-fast accept bench bench-scaling lint e2e e2e-short e2e-moe \
-	e2e-moe-short upstream-tree upstream-test upstream-series
+	e2e-moe-short e2e-hybrid e2e-hybrid-msmodelslim upstream-tree upstream-test upstream-series \
+	upstream-lint
 
 venv: $(STAMP)
 
@@ -43,27 +44,58 @@ accept: $(STAMP)
 	$(VPY) -m pip install -qq --no-deps -r requirements/accept.txt
 	$(VPY) benchmarks/accept_length.py --plot docs/accept_length.png --json .cache/accept/results.json
 
-# sglang's own server with EAGLE on the CPU, four servers: no speculation, float draft,
-# ModelSlim W8A8 draft with the plugin off, and on (benchmarks/e2e_server.py); ends with
-# `e2e accept_length float=F stock=S plugin=P tokens_per_s ...`. Your own folders:
-# make e2e TARGET=<float folder> DRAFT=<ModelSlim folder of the same model>
-E2E_ARGS := $(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT))
+# sglang's own server with EAGLE on the CPU, as users launch it: ONE ModelSlim folder with
+# --quantization modelslim and its own MTP head (benchmarks/e2e_server.py): the plugin on, off,
+# the draft built quantized, the float folder's own MTP, each against its run without
+# speculation; a 512-token generation, 8 concurrent requests, plugin/float tokens/s alternated.
+# Ends with `e2e accept_length float=F stock=S plugin=P quantized_draft=Q tokens_per_s ...`.
+# Yours: make e2e MODEL=<ModelSlim folder> [FLOAT=<its float folder>]; TP=2 for --tp-size 2;
+# the two-folder form: make e2e TARGET=<float folder> DRAFT=<ModelSlim folder of the same model>
+E2E_ARGS := $(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT)) \
+	$(if $(MODEL),--model $(MODEL)) $(if $(FLOAT),--float $(FLOAT)) $(if $(TP),--tp-size $(TP))
+E2E_RUN := $(if $(TP),-tp$(TP))
 
 $(E2E_STAMP): $(STAMP) requirements/e2e.txt
 	$(VPY) -m pip install -qq --no-deps -r requirements/e2e.txt
 	touch $(E2E_STAMP)
 
 e2e: $(E2E_STAMP)
-	$(VPY) benchmarks/e2e_server.py $(E2E_ARGS) --json .cache/e2e/results.json
+	$(VPY) benchmarks/e2e_server.py $(E2E_ARGS) --log-dir .cache/e2e/dense$(E2E_RUN) \
+		--json .cache/e2e/results$(E2E_RUN).json
 
-# the same with 2 prompts x 16 tokens: what CI runs at every landing
+# the one-folder form with 2 prompts x 16 tokens (plugin, stock, quantized draft, reference):
+# what CI runs at every landing
 e2e-short: $(E2E_STAMP)
-	$(VPY) benchmarks/e2e_server.py --short $(E2E_ARGS) --json .cache/e2e/short.json
+	$(VPY) benchmarks/e2e_server.py --short $(E2E_ARGS) --log-dir .cache/e2e/short$(E2E_RUN) \
+		--json .cache/e2e/short$(E2E_RUN).json
+
+# the same runs for the bundled hybrid Qwen3.5 (three Gated DeltaNet layers to one full-attention
+# layer): sglang's GDN Triton kernels under the interpreter, the float target's tokens also
+# against transformers' greedy decode; ends with `e2e-hybrid accept_length float=F ...`
+e2e-hybrid: $(E2E_STAMP)
+	$(VPY) benchmarks/e2e_server.py --family hybrid $(E2E_ARGS) \
+		--log-dir .cache/e2e/hybrid$(E2E_RUN) --json .cache/e2e/hybrid$(E2E_RUN).json
+
+# the real msmodelslim 26.1.0 (its own venv) on the bundled hybrid: which GDN projections its
+# Qwen3.5 and Qwen3.6 recipes quantize; the Qwen3.5 export compared with the bundled one
+MS_VENV := .cache/venv-ms
+MS_STAMP := $(MS_VENV)/.installed
+$(MS_STAMP): test/fixtures/modelslim/_gen/requirements-msmodelslim.txt
+	test -x $(MS_VENV)/bin/python || $(PYTHON) -m venv $(MS_VENV)
+	$(MS_VENV)/bin/pip install -qq -c requirements/constraints.txt \
+		-r test/fixtures/modelslim/_gen/requirements-msmodelslim.txt pillow==13.0.0
+	touch $(MS_STAMP)
+
+e2e-hybrid-msmodelslim: $(MS_STAMP)
+	$(MS_VENV)/bin/python benchmarks/e2e/msmodelslim_hybrid.py \
+		--float test/fixtures/e2e/hybrid_float --exporter test/fixtures/e2e/hybrid_w8a8 \
+		--work .cache/msmodelslim-hybrid --json .cache/msmodelslim-hybrid/report.json
 
 # the same four servers for the bundled Qwen3.5-MoE (8 routed experts, top-2, shared expert;
 # its MTP draft's experts quantized); ends with `e2e-moe accept_length float=F stock=S ...`
 e2e-moe: $(E2E_STAMP)
-	$(VPY) benchmarks/e2e_server.py --family moe $(E2E_ARGS) --json .cache/e2e/moe.json
+	$(VPY) benchmarks/e2e_server.py --family moe $(E2E_ARGS) --log-dir .cache/e2e/moe \
+		--json .cache/e2e/moe.json
 
 e2e-moe-short: $(E2E_STAMP)
 	$(VPY) benchmarks/e2e_server.py --family moe --short $(E2E_ARGS) --json .cache/e2e/moe-short.json
@@ -95,7 +127,7 @@ lint: $(LINT_STAMP)
 	$(VENV)/bin/ruff format --check python test benchmarks upstream
 	$(VENV)/bin/mypy python/sglang_mtp_dequant
 
-# -- the fix as a feature branch of sglang's own tree (upstream/BASE, upstream/series/) -------
+# -- the fix as a stack of sglang pull requests (upstream/BASE, upstream/series/, upstream/stack/)
 UPSTREAM_REPO := .cache/upstream/sglang
 # The end-to-end server run against the patched tree: sglang's own server with EAGLE on the
 # CPU, the branch's tree serving with the plugin off, beside stock sglang (make e2e's harness,
@@ -107,11 +139,31 @@ UPSTREAM_E2E ?= $(VPY) benchmarks/e2e_server.py --short --upstream-tree $(UPSTRE
 upstream-tree: $(STAMP)
 	$(VPY) upstream/tree.py tree --repo $(UPSTREAM_REPO) --python $(VPY)
 
-# sglang's collect_tests + run_unittest_files on the branch's registered tests (plugin off),
-# the same tests red on the baseline, fixtures bit-identical to the plugin, then UPSTREAM_E2E
-upstream-test: upstream-tree $(E2E_STAMP)
+# sglang's test harness imports datasets (CustomTestCase): requirements/upstream-test.txt
+UPSTREAM_STAMP := $(VENV)/.upstream-installed
+$(UPSTREAM_STAMP): $(STAMP) requirements/upstream-test.txt
+	$(VPY) -m pip install -qq --no-deps -r requirements/upstream-test.txt
+	touch $(UPSTREAM_STAMP)
+
+# sglang's own lint tools, pinned, in their own venv (requirements/upstream-lint.txt)
+UPSTREAM_LINT_VENV := .cache/upstream-lint-venv
+UPSTREAM_LINT_STAMP := $(UPSTREAM_LINT_VENV)/.installed
+$(UPSTREAM_LINT_STAMP): requirements/upstream-lint.txt
+	test -x $(UPSTREAM_LINT_VENV)/bin/python || $(PYTHON) -m venv $(UPSTREAM_LINT_VENV)
+	$(UPSTREAM_LINT_VENV)/bin/python -m pip install -qq --no-deps -r requirements/upstream-lint.txt
+	touch $(UPSTREAM_LINT_STAMP)
+
+# isort, ruff, ruff format, codespell and the registered-test rules on what the stack touches
+upstream-lint: upstream-tree $(UPSTREAM_LINT_STAMP)
+	$(VPY) upstream/lint.py --repo $(UPSTREAM_REPO) --tools $(UPSTREAM_LINT_VENV)
+
+# PR 1 alone, then the whole stack: sglang's collect_tests + run_unittest_files on the
+# registered tests (plugin off), the same tests red on the baseline, fixtures bit-identical to
+# the plugin; then UPSTREAM_E2E on the whole stack
+upstream-test: upstream-tree upstream-lint $(E2E_STAMP) $(UPSTREAM_STAMP)
 	UPSTREAM_E2E='$(UPSTREAM_E2E)' $(VPY) upstream/run_tests.py --repo $(UPSTREAM_REPO)
 
-# after committing on the tree's branch: rewrite upstream/series/ from it
+# after committing on the tree's branch (and moving its step/* tags): rewrite upstream/series/
+# and upstream/stack/*/ from it
 upstream-series:
 	$(VPY) upstream/tree.py export --repo $(UPSTREAM_REPO)

@@ -6,7 +6,7 @@ Usage::
 
 Writes two checkpoints as *sparse* files (real headers, weights as holes, real scales): the
 Qwen3.5-27B W8A8_DYNAMIC layout of ``bench_doctor.py`` (the whole model, 1842 tensors) and
-GLM-5.1-w8a8's MTP layer 78 at full size (``test/real_layouts.py``: 793 draft tensors, 256
+GLM-5.1-w8a8's MTP layer 78 at full size (``test/support/real_layouts.py``: 793 draft tensors, 256
 experts, static W8A8 MLA + DSA indexer, ``rot.safetensors``) with the target's embedding,
 final norm and lm_head. Then, for each, the console script in a fresh process (as an operator
 runs it) and ``diagnose`` in this process after a first call (sglang's imports paid), the

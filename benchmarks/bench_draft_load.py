@@ -32,7 +32,6 @@ in N. Ends with ``draft_load plugin_vs_stock_<N> <R> plugin_<max>_vs_plugin_0 <F
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
@@ -47,7 +46,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "test"))
 
 from bench_scaling import quiet_stderr  # noqa: E402
-from machine import describe  # noqa: E402
+from machine import describe, finish  # noqa: E402
 
 from support.paths import fixture_dir  # noqa: E402
 from support.sharded import write_sharded  # noqa: E402
@@ -177,11 +176,7 @@ def main() -> int:
         f"at {at:,} target tensors the plugin's draft load is {ratio:.2f}x stock's (goal <= 0.4); "
         f"at {last:,} it is {flat:.2f}x the plugin's load at {args.targets[0]:,} (flat: ~1)"
     )
-    print(f"total {time.perf_counter() - started:.0f} s, load average now {os.getloadavg()[0]:.1f}")
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump({"machine": describe(), "reps": args.reps, "rows": rows}, handle, indent=1)
+    finish(started, args.json, args.reps, rows)
     print(
         f"draft_load plugin_vs_stock_{at} {ratio:.2f} "
         f"plugin_{last}_vs_plugin_{args.targets[0]} {flat:.2f}"

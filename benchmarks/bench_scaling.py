@@ -50,7 +50,7 @@ import warnings
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from machine import describe  # noqa: E402
+from machine import describe, finish  # noqa: E402
 from moe_draft import MoeShape, write_checkpoint  # noqa: E402
 
 
@@ -192,11 +192,7 @@ def main() -> int:
         f"diagnose() at {n1} is {doctor_ratio:.2f}x diagnose() at {n0} (target <= 4; "
         f"{n1 // n0}x the tensors); the doctor CLI {cli_ratio:.2f}x"
     )
-    print(f"total {time.perf_counter() - started:.0f} s, load average now {os.getloadavg()[0]:.1f}")
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump({"machine": describe(), "reps": args.reps, "rows": rows}, handle, indent=1)
+    finish(started, args.json, args.reps, rows)
     print(
         f"scaling plugin_vs_stock_{n1} {load_ratio:.2f} doctor_{n1}_vs_{n0} {doctor_ratio:.2f} "
         f"doctor_cli_{n1}_vs_{n0} {cli_ratio:.2f}"

@@ -1,50 +1,61 @@
-"""sglang's own server with EAGLE on the CPU: float draft vs quantized draft, plugin off and on.
+"""sglang's own server with EAGLE on the CPU: one ModelSlim folder as users serve it, plugin on/off.
 
 Usage (``make e2e`` runs the first line, ``make e2e-short`` the second)::
 
-    .venv/bin/python benchmarks/e2e_server.py
-    .venv/bin/python benchmarks/e2e_server.py --short        # 2 prompts x 16 tokens (CI)
+    .venv/bin/python benchmarks/e2e_server.py                 # the user's launch, bundled model
+    .venv/bin/python benchmarks/e2e_server.py --short         # 2 prompts x 16 tokens (CI)
+    .venv/bin/python benchmarks/e2e_server.py --tp-size 2     # the same runs with --tp-size 2
+    .venv/bin/python benchmarks/e2e_server.py --family hybrid # Gated DeltaNet Qwen3.5 (e2e-hybrid)
+    .venv/bin/python benchmarks/e2e_server.py --model /models/w8a8 [--float /models/float]
     .venv/bin/python benchmarks/e2e_server.py --target /models/float --draft /models/w8a8
-    .venv/bin/python benchmarks/e2e_server.py --family moe   # the Qwen3.5-MoE draft (make e2e-moe)
+    .venv/bin/python benchmarks/e2e_server.py --family moe    # the Qwen3.5-MoE draft (make e2e-moe)
     .venv/bin/python benchmarks/e2e_server.py --short --upstream-tree .cache/upstream/sglang
 
-Four servers, one after the other, each started as users start it
-(``python -m sglang.launch_server``) on a free loopback port and stopped with nothing left
-running: no speculation (the reference output), EAGLE with the float checkpoint's own MTP head
-(``--speculative-draft-model-path`` = TARGET), EAGLE with the ModelSlim W8A8_DYNAMIC draft and
-the plugin off (``SGLANG_PLUGINS=none``: stock sglang), and the same with the plugin. The
-default TARGET / DRAFT are the bundled trained tiny Qwen3.5 (``test/fixtures/e2e/``). Prompts
-are windows of held-out text as byte ids; generation is greedy and ignores EOS.
+Every server is started as users start it (``python -m sglang.launch_server``) on a free
+loopback port and stopped with nothing left running. The default is the user's launch
+(``e2e/plan.py``): ONE ModelSlim folder (the bundled trained tiny Qwen3.5's W8A8_DYNAMIC
+export, ``test/fixtures/e2e/w8a8``) served with ``--quantization modelslim``, EAGLE 3/1/4 with
+no draft path; runs ``plugin`` (the draft built unquantized, the plugin on), ``float`` (the
+float folder with its own MTP head: the ceiling), ``stock`` (the plugin off), ``quantized_draft``
+(``--speculative-draft-model-quantization modelslim``), and without speculation ``reference``
+and ``float_reference``. The NPU-only kernels and platform checks the quantized target needs
+run through the CPU stand-ins of ``e2e/site/`` (docs/results.md). Prompts are windows of
+held-out text as byte ids; generation is greedy and ignores EOS.
 
 Accept length is sglang's own: the sum of ``completion_tokens`` over the sum of
 ``spec_verify_ct`` (tokens per verification step), beside each request's
 ``spec_accept_length``, both read from ``/generate``'s ``meta_info``. The run fails (exit 1)
-unless every speculative run emits exactly the reference run's tokens, the plugin's INFO line
-names the draft folder in the plugin server's log, the CPU shim's tree kernels ran in every
-speculative server, and float >= 2.0, stock <= 1.3, plugin >= 0.97 x float. Last line::
+unless every speculative run emits exactly its reference run's tokens; the plugin's INFO line
+names the folder in the plugin server's log (once per rank with ``--tp-size``) and nowhere
+else; every CPU stand-in a server needs announced itself in its log; and float >= 2.0 (1.5 for
+the hybrid), stock <= 1.3, plugin and quantized_draft >= 0.97 x float. Without a float folder
+(``--model`` alone, ``--short``) the draft built quantized is the ceiling. The full run also
+checks, on the plugin server, a 512-token generation against the reference run's, and 8
+concurrent requests against the same requests one by one, and measures plugin over float
+tokens/s with both servers up and requests alternated (median and spread of 3 rounds). The
+hybrid family also checks the float target's tokens against transformers' greedy decode.
+Last line::
 
-    e2e accept_length float=F stock=S plugin=P tokens_per_s float=a stock=b plugin=c
+    e2e accept_length float=F stock=S plugin=P quantized_draft=Q tokens_per_s float=a ...
 
-``--upstream-tree`` (what ``make upstream-test`` runs) proves the feature branch instead: the
-reference, float and ``branch`` servers run the patched sglang tree (its ``python/`` first on
-the path) with the plugin off, ``stock`` the installed sglang with the plugin off; the branch's
-own INFO line must name the draft folder, and the last line says ``branch=B`` for ``plugin=P``.
-
-``--family moe`` serves the bundled trained tiny Qwen3.5-MoE instead (``Qwen3_5MoeForCausalLM``,
-8 routed experts top-2 and a shared expert in every layer; its draft is sglang's
-``Qwen3_5ForCausalLMMTP`` with the same MoE block, whose routed experts, shared expert and
-attention ModelSlim quantized). Its routed experts run through sglang's FusedMoE layer, which on
-this platform computes them with sglang's own ``moe_forward_native``; the run also fails unless
-every server's log shows that for the target's layers and, in the speculative servers, for the
-draft's. Same bounds; its last line starts ``e2e-moe`` instead of ``e2e``.
+``--target`` / ``--draft`` (the earlier form: a float target, the ModelSlim folder passed as
+``--speculative-draft-model-path``), ``--family moe`` and ``--upstream-tree`` run four servers:
+reference, float, stock and plugin. ``--upstream-tree`` (what ``make upstream-test`` runs)
+proves the feature branch instead: the reference, float and ``branch`` servers run the patched
+sglang tree (its ``python/`` first on the path) with the plugin off, ``stock`` the installed
+sglang with the plugin off; the branch's own INFO line must name the draft folder, and the last
+line says ``branch=B`` for ``plugin=P``. ``--family moe`` serves the bundled Qwen3.5-MoE, whose
+routed experts run through sglang's FusedMoE layer (``moe_forward_native`` on this platform);
+the run also fails unless every server's log shows that for the target's layers and, in the
+speculative servers, for the draft's. Its last line starts ``e2e-moe``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import platform
 import signal
 import sys
 import time
@@ -54,22 +65,54 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from e2e.checks import Bars, check_logs, check_moe_logs, check_outputs  # noqa: E402
+from e2e.checks import (  # noqa: E402
+    Bars,
+    check_logs,
+    check_moe_logs,
+    check_outputs,
+    check_shims,
+    compare_tokens,
+    first_difference,
+)
 from e2e.client import SPEC_KEYS, Generation, generate  # noqa: E402
 from e2e.inputs import (  # noqa: E402
     InputError,
     check_draft,
+    check_model,
     check_target,
     check_tree,
     heldout_prompts,
 )
+from e2e.load import Pairing, alternated, concurrent  # noqa: E402
+from e2e.plan import Plan, one_folder_plan, two_folder_plan  # noqa: E402
 from e2e.server import Server, ServerError, ServerRun, log_tail  # noqa: E402
 
 FIXTURES = os.path.join(REPO, "test", "fixtures", "e2e")
-#: family -> (default TARGET, default DRAFT, the last line's first word)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A bundled model: its float folder, its ModelSlim folder, and its run's bounds."""
+
+    float_folder: str
+    modelslim_folder: str
+    line: str  # the last line's first word
+    one_folder: bool  # served as one ModelSlim folder by default (else the two-folder form)
+    float_min: float = 2.0
+
+
 FAMILIES = {
-    "dense": (os.path.join(FIXTURES, "float"), os.path.join(FIXTURES, "w8a8"), "e2e"),
-    "moe": (os.path.join(FIXTURES, "moe_float"), os.path.join(FIXTURES, "moe_w8a8"), "e2e-moe"),
+    "dense": Family(os.path.join(FIXTURES, "float"), os.path.join(FIXTURES, "w8a8"), "e2e", True),
+    "moe": Family(
+        os.path.join(FIXTURES, "moe_float"), os.path.join(FIXTURES, "moe_w8a8"), "e2e-moe", False
+    ),
+    "hybrid": Family(
+        os.path.join(FIXTURES, "hybrid_float"),
+        os.path.join(FIXTURES, "hybrid_w8a8"),
+        "e2e-hybrid",
+        True,
+        float_min=1.5,
+    ),
 }
 
 
@@ -81,6 +124,11 @@ class RunResult:
     generations: list[Generation] = field(default_factory=list)
     start_seconds: float = 0.0
     log_path: str = ""
+    command: str = ""
+    #: the long greedy generation (``--long-tokens``), and the load test's two passes
+    long: Generation | None = None
+    one_by_one: list[Generation] = field(default_factory=list)
+    together: list[Generation] = field(default_factory=list)
 
     @property
     def completion_tokens(self) -> int:
@@ -108,20 +156,31 @@ class RunResult:
         return sum(int(g.meta.get(key, 0)) for g in self.generations)
 
     def to_json(self) -> dict:
+        def requests(generations: list[Generation]) -> list[dict]:
+            return [
+                {"output_ids": g.output_ids, "seconds": round(g.seconds, 2), "meta_info": g.meta}
+                for g in generations
+            ]
+
         return {
             "label": self.run.label,
-            "draft": self.run.draft,
+            "target": self.run.target,
+            "draft": self.run.draft_folder,
+            "quantization": self.run.quantization,
+            "draft_quantization": self.run.draft_quantization if self.run.speculative else None,
+            "tp_size": self.run.tp_size,
             "plugin": self.run.plugin,
+            "command": self.command,
             "server_start_seconds": round(self.start_seconds, 1),
             "generate_seconds": round(self.generate_seconds, 1),
             "completion_tokens": self.completion_tokens,
             "spec_verify_ct": self.verify_steps,
             "accept_length": self.accept_length,
             "tokens_per_second": self.tokens_per_second,
-            "requests": [
-                {"output_ids": g.output_ids, "seconds": round(g.seconds, 2), "meta_info": g.meta}
-                for g in self.generations
-            ],
+            "requests": requests(self.generations),
+            "long": requests([self.long]) if self.long else [],
+            "one_by_one": requests(self.one_by_one),
+            "together": requests(self.together),
             "log": self.log_path,
         }
 
@@ -132,14 +191,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--family",
         choices=sorted(FAMILIES),
         default="dense",
-        help="the bundled model: dense Qwen3.5 (default) or Qwen3.5-MoE",
+        help="the bundled model: dense Qwen3.5 (default), hybrid Gated DeltaNet, or Qwen3.5-MoE",
     )
-    parser.add_argument("--target", default=None, help="float checkpoint folder")
-    parser.add_argument("--draft", default=None, help="ModelSlim checkpoint folder")
+    parser.add_argument("--model", default=None, help="ONE ModelSlim folder, served as users do")
+    parser.add_argument("--float", default=None, help="the float folder of --model (the ceiling)")
+    parser.add_argument("--target", default=None, help="float folder (the two-folder form)")
+    parser.add_argument("--draft", default=None, help="ModelSlim folder (the two-folder form)")
+    parser.add_argument("--tp-size", type=int, default=1, help="sglang's --tp-size")
     parser.add_argument("--prompts", type=int, default=4, help="held-out prompts")
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt")
     parser.add_argument("--prompt-len", type=int, default=64, help="bytes per prompt")
     parser.add_argument("--short", action="store_true", help="2 prompts x 16 tokens (CI)")
+    parser.add_argument("--long-tokens", type=int, default=None, help="the long generation")
+    parser.add_argument("--load-requests", type=int, default=None, help="concurrent requests")
+    parser.add_argument("--perf-rounds", type=int, default=None, help="alternated rounds")
     parser.add_argument("--port", type=int, default=None, help="loopback port (default: free)")
     parser.add_argument("--log-dir", default=os.path.join(REPO, ".cache", "e2e"))
     parser.add_argument("--json", default=None, help="write every figure here")
@@ -150,33 +215,51 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a materialized feature-branch tree (make upstream-tree): serve it, plugin off",
     )
     args = parser.parse_args(argv)
+    family = FAMILIES[args.family]
+    args.line, args.float_min = family.line, family.float_min
+    two_folder = bool(args.target or args.draft or args.upstream_tree) or not family.one_folder
+    if two_folder and args.model:
+        parser.error(
+            "--model (one folder) and --target / --draft / --upstream-tree exclude each other"
+        )
     if args.short:
         args.prompts, args.new_tokens = 2, 16
-    target, draft, args.line = FAMILIES[args.family]
-    args.target = os.path.abspath(args.target or target)
-    args.draft = os.path.abspath(args.draft or draft)
+    # the extras of the full dense run (docs/results.md): off in --short and in other families
+    full = not args.short and args.family == "dense" and not two_folder
+    args.long_tokens = (512 if full else 0) if args.long_tokens is None else args.long_tokens
+    args.load_requests = (8 if full else 0) if args.load_requests is None else args.load_requests
+    args.perf_rounds = (3 if full else 0) if args.perf_rounds is None else args.perf_rounds
+    if two_folder:
+        args.form = "two-folder"
+        args.target = os.path.abspath(args.target or family.float_folder)
+        args.draft = os.path.abspath(args.draft or family.modelslim_folder)
+    else:
+        args.form = "one-folder"
+        args.model = os.path.abspath(args.model or family.modelslim_folder)
+        float_default = family.float_folder if args.model == family.modelslim_folder else None
+        args.float = os.path.abspath(args.float) if args.float else float_default
     if args.upstream_tree is not None:
         args.upstream_tree = os.path.abspath(args.upstream_tree)
     return args
 
 
-def server_runs(args: argparse.Namespace) -> list[ServerRun]:
-    """The four servers: with the plugin (the default), or with the feature branch's tree."""
-    stock = ServerRun("stock", args.target, args.draft, plugin=False)
-    if args.upstream_tree is None:
-        return [
-            ServerRun("reference", args.target, None, plugin=True),
-            ServerRun("float", args.target, args.target, plugin=True),
-            stock,
-            ServerRun("plugin", args.target, args.draft, plugin=True),
-        ]
-    tree = os.path.join(args.upstream_tree, "python")
-    return [
-        ServerRun("reference", args.target, None, plugin=False, sglang_path=tree),
-        ServerRun("float", args.target, args.target, plugin=False, sglang_path=tree),
-        stock,
-        ServerRun("branch", args.target, args.draft, plugin=False, sglang_path=tree),
-    ]
+def make_plan(args: argparse.Namespace) -> Plan:
+    if args.form == "two-folder":
+        return two_folder_plan(args.target, args.draft, args.tp_size, args.upstream_tree)
+    return one_folder_plan(args.model, args.float, args.tp_size, args.short)
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """Each folder checked in seconds before any server starts (raises InputError)."""
+    if args.form == "two-folder":
+        check_target(args.target)
+        check_draft(args.draft)
+    else:
+        check_model(args.model)
+        if args.float is not None:
+            check_target(args.float, role="FLOAT")
+    if args.upstream_tree is not None:
+        check_tree(args.upstream_tree)
 
 
 def say(message: str) -> None:
@@ -187,18 +270,52 @@ def _raise_keyboard_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def serve(run: ServerRun, prompts: list[list[int]], args, index: int, total: int) -> RunResult:
-    result = RunResult(run)
-    with Server(run, args.log_dir, port=args.port, start_timeout=args.start_timeout) as server:
-        result.start_seconds, result.log_path = server.started_seconds, server.log_path
-        for prompt in prompts:
-            try:
-                result.generations.append(generate(server.url, prompt, args.new_tokens))
-            except OSError as exc:  # urllib's errors: the server died or refused the request
-                raise ServerError(
-                    f"the {run.label} server failed a /generate request ({exc}); log "
-                    f"{server.log_path}, last lines:\n{log_tail(server.log_path)}"
-                ) from exc
+def _generate(server: Server, prompt: list[int], new_tokens: int) -> Generation:
+    try:
+        return generate(server.url, prompt, new_tokens)
+    except OSError as exc:  # urllib's errors: the server died or refused the request
+        raise ServerError(
+            f"the {server.run.label} server failed a /generate request ({exc}); log "
+            f"{server.log_path}, last lines:\n{log_tail(server.log_path)}"
+        ) from exc
+
+
+def open_server(run: ServerRun, args, port: int | None) -> Server:
+    """``run``'s server, not yet started (use it as a context manager)."""
+    return Server(run, args.log_dir, port=port, start_timeout=args.start_timeout)
+
+
+def result_of(server: Server) -> RunResult:
+    """A started server's result so far: its start-up time, log and command."""
+    return RunResult(
+        server.run,
+        start_seconds=server.started_seconds,
+        log_path=server.log_path,
+        command=server.run.shell_command(server.port),
+    )
+
+
+def extras(server: Server, result: RunResult, args, load_prompts: list[list[int]]) -> None:
+    """The long generation (plugin and reference), and the load test (plugin)."""
+    label = result.run.label
+    if args.long_tokens and label in ("plugin", "reference"):
+        result.long = _generate(server, load_prompts[0], args.long_tokens)
+        say(f"  {label}: {args.long_tokens} greedy tokens in {result.long.seconds:.0f} s")
+    if args.load_requests and label == "plugin":
+        result.one_by_one = [_generate(server, p, args.new_tokens) for p in load_prompts]
+        try:
+            started = time.perf_counter()
+            result.together = concurrent(server.url, load_prompts, args.new_tokens)
+        except OSError as exc:
+            raise ServerError(f"the plugin server failed a concurrent request ({exc})") from exc
+        say(
+            f"  plugin: {len(load_prompts)} requests one by one in "
+            f"{sum(g.seconds for g in result.one_by_one):.0f} s, all at once in "
+            f"{time.perf_counter() - started:.0f} s"
+        )
+
+
+def report(result: RunResult, args, index: int, total: int) -> None:
     figures = ""
     if result.accept_length is not None:
         per_request = ", ".join(f"{g.meta['spec_accept_length']:.3f}" for g in result.generations)
@@ -207,18 +324,119 @@ def serve(run: ServerRun, prompts: list[list[int]], args, index: int, total: int
             f"({result.completion_tokens}/{result.verify_steps}; per request {per_request})"
         )
     say(
-        f"[{index}/{total}] {run.label}: server up in {result.start_seconds:.0f} s, "
-        f"{len(prompts)} prompts x {args.new_tokens} tokens in {result.generate_seconds:.0f} s "
-        f"({result.tokens_per_second:.2f} tokens/s){figures}"
+        f"[{index}/{total}] {result.run.label}: server up in {result.start_seconds:.0f} s, "
+        f"{len(result.generations)} prompts x {args.new_tokens} tokens in "
+        f"{result.generate_seconds:.0f} s ({result.tokens_per_second:.2f} tokens/s){figures}"
     )
-    return result
+
+
+def serve_all(plan: Plan, prompts, load_prompts, args) -> tuple[dict[str, RunResult], Pairing]:
+    """Every server of ``plan``: the paired ones up together first, then one at a time."""
+    results: dict[str, RunResult] = {}
+    pairing = Pairing()
+    total = len(plan.runs)
+    paired = [run for run in plan.runs if run.label in plan.paired]
+    with contextlib.ExitStack() as stack:
+        servers: dict[str, Server] = {}
+        for run in paired:  # the first on --port (if given), the other on a free port
+            server = stack.enter_context(open_server(run, args, None if servers else args.port))
+            servers[run.label], results[run.label] = server, result_of(server)
+        for prompt in prompts:  # the correctness pass, alternated between the paired servers
+            for label, server in servers.items():
+                results[label].generations.append(_generate(server, prompt, args.new_tokens))
+        for label, server in servers.items():
+            report(results[label], args, 1 + list(servers).index(label), total)
+            extras(server, results[label], args, load_prompts)
+        if servers and args.perf_rounds:
+            urls = {label: server.url for label, server in servers.items()}
+            pairing = alternated(urls, prompts, args.new_tokens, args.perf_rounds)
+            ratio = pairing.ratio(*plan.paired)
+            say(
+                f"  {plan.paired[0]} / {plan.paired[1]} tokens/s, {args.perf_rounds} alternated "
+                f"rounds: median {ratio['median']:.3f} (min {ratio['min']:.3f}, "
+                f"max {ratio['max']:.3f})"
+            )
+    for run in plan.runs:
+        if run.label in results:
+            continue
+        with open_server(run, args, args.port) as server:
+            result = result_of(server)
+            for prompt in prompts:
+                result.generations.append(_generate(server, prompt, args.new_tokens))
+            extras(server, result, args, load_prompts)
+        results[run.label] = result
+        report(result, args, len(results), total)
+    return results, pairing
+
+
+def check_extras(results: dict[str, RunResult], pairing: Pairing, plan: Plan) -> list[str]:
+    """The long generation, the load test, and the alternated rounds' tokens."""
+    failures = []
+    plugin, reference = results.get("plugin"), results.get("reference")
+    if plugin is not None and plugin.long is not None and reference and reference.long:
+        failures += compare_tokens(
+            "plugin: the long generation", "reference", reference.long, plugin.long
+        )
+    if plugin is not None:
+        for i, (alone, together) in enumerate(zip(plugin.one_by_one, plugin.together, strict=True)):
+            failures += compare_tokens(
+                f"plugin: request {i} of {len(plugin.together)} sent at once",
+                "one-by-one",
+                alone,
+                together,
+            )
+    for label in plan.paired:
+        for r, generations in enumerate(pairing.generations(label)):
+            for i, (first, again) in enumerate(
+                zip(results[label].generations, generations, strict=True)
+            ):
+                failures += compare_tokens(
+                    f"{label}: round {r} prompt {i}", f"first {label}", first, again
+                )
+    return failures
+
+
+def check_transformers(results: dict[str, RunResult], prompts, args) -> list[str]:
+    """The float target's tokens against transformers' greedy decode (the hybrid family)."""
+    reference = results.get("float_reference")
+    if reference is None:
+        return []
+    from e2e.hf_reference import greedy_tokens
+
+    expected = greedy_tokens(reference.run.target, prompts, args.new_tokens)
+    failures = []
+    for i, (want, got) in enumerate(zip(expected, reference.generations, strict=True)):
+        failures += compare_tokens(
+            f"float_reference: prompt {i}", "transformers greedy", Generation(want), got
+        )
+    say(f"transformers' greedy decode of {reference.run.target}: {len(expected)} prompts compared")
+    return failures
+
+
+def target_agreement(results: dict[str, RunResult]) -> dict | None:
+    """How many of the quantized target's tokens (``reference``) are the float target's
+    (``float_reference``), position by position, and where each prompt first leaves them: a
+    figure, not a bound (a W8A8 target may rightly differ; raw codes loaded as weights do not
+    come close)."""
+    quantized, floating = results.get("reference"), results.get("float_reference")
+    if quantized is None or floating is None:
+        return None
+    pairs = list(zip(floating.generations, quantized.generations, strict=True))
+    equal = sum(a == b for f, q in pairs for a, b in zip(f.output_ids, q.output_ids, strict=True))
+    total = sum(len(f.output_ids) for f, _ in pairs)
+    first = [first_difference(f.output_ids, q.output_ids) for f, q in pairs]
+    return {"equal": equal, "total": total, "first_difference": first}
+
+
+def _value(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def table(results: list[RunResult]) -> str:
     rows = [
-        "| run | draft | sglang | plugin | sglang accept length (tokens / verify) | per request "
-        "spec_accept_length | correct / proposed drafts | generate s | tokens/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| run | serves | sglang | plugin | sglang accept length (tokens / verify) | per request "
+        "spec_accept_length | correct / proposed drafts | start s | generate s | tokens/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         length = (
@@ -232,30 +450,60 @@ def table(results: list[RunResult]) -> str:
             if r.accept_length is not None
             else "-"
         )
-        draft = os.path.basename(r.run.draft) if r.run.draft else "-"
         rows.append(
-            f"| {r.run.label} | {draft} | {'branch tree' if r.run.sglang_path else 'installed'} | "
+            f"| {r.run.label} | {describe_run(r.run)} | "
+            f"{'branch tree' if r.run.sglang_path else 'installed'} | "
             f"{'on' if r.run.plugin else 'off'} | {length} | "
-            f"{per if r.accept_length is not None else '-'} | {drafts} | "
+            f"{per if r.accept_length is not None else '-'} | {drafts} | {r.start_seconds:.0f} | "
             f"{r.generate_seconds:.1f} | {r.tokens_per_second:.2f} |"
         )
     return "\n".join(rows)
 
 
-def machine_line() -> str:
-    import torch
+def describe_run(run: ServerRun) -> str:
+    parts = [os.path.basename(run.target)]
+    if run.quantization:
+        parts.append(f"--quantization {run.quantization}")
+    if run.speculative:
+        parts.append(f"EAGLE, draft {os.path.basename(run.draft) if run.draft else 'its own MTP'}")
+        parts.append(f"built {run.draft_quantization}")
+    if run.tp_size != 1:
+        parts.append(f"TP={run.tp_size}")
+    return ", ".join(parts)
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            cpu = next(line.split(":", 1)[1].strip() for line in handle if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    load = os.getloadavg()[0]
-    return (
-        f"machine: {cpu}, {os.cpu_count()} CPUs, load average {load:.2f}; python "
-        f"{platform.python_version()}, torch {torch.__version__}"
+
+def machine_line() -> str:
+    from machine import describe
+
+    return describe()
+
+
+def last_line(args, plan: Plan, by_label: dict[str, RunResult], bars: Bars, pairing: Pairing):
+    def tps(label: str) -> str:
+        return f"{by_label[label].tokens_per_second:.2f}" if label in by_label else "-"
+
+    if plan.form == "two-folder":
+        fixed = bars.fixed_label
+        return (
+            f"{args.line} accept_length float={bars.float:.3f} stock={bars.stock:.3f} "
+            f"{fixed}={bars.fixed:.3f} tokens_per_s float={tps('float')} "
+            f"stock={tps('stock')} {fixed}={tps(fixed)}"
+        )
+    line = (
+        f"{args.line} accept_length float={_value(bars.float)} stock={bars.stock:.3f} "
+        f"plugin={bars.fixed:.3f} quantized_draft={_value(bars.quantized_draft)} tokens_per_s "
+        f"float={tps('float')} stock={tps('stock')} plugin={tps('plugin')} "
+        f"quantized_draft={tps('quantized_draft')}"
     )
+    if pairing.rounds:
+        ratio = pairing.ratio(*plan.paired)
+        line += (
+            f" plugin_over_float={ratio['median']:.3f} "
+            f"[{ratio['min']:.3f}..{ratio['max']:.3f}] rounds={len(pairing.rounds)}"
+        )
+    if args.tp_size != 1:
+        line += f" tp_size={args.tp_size}"
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,38 +514,52 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     started = time.perf_counter()
     try:
-        check_target(args.target)
-        check_draft(args.draft)
-        if args.upstream_tree is not None:
-            check_tree(args.upstream_tree)
+        check_inputs(args)
     except InputError as exc:
         say(f"e2e: {exc}")
         return 2
-    runs = server_runs(args)
-    results: list[RunResult] = []
+    plan = make_plan(args)
     try:
         prompts = heldout_prompts(args.prompts, args.prompt_len)
+        load_prompts = heldout_prompts(args.load_requests or 1, args.prompt_len)
         say(machine_line())
+        served = args.model if plan.form == "one-folder" else f"{args.target} + {args.draft}"
         say(
-            f"e2e: target {args.target}, draft {args.draft}; {len(runs)} servers, "
-            f"{len(prompts)} prompts x {args.new_tokens} greedy tokens; logs in {args.log_dir}"
+            f"e2e ({plan.form}): {served}; {len(plan.runs)} servers "
+            f"({', '.join(plan.labels())}), {len(prompts)} prompts x {args.new_tokens} greedy "
+            f"tokens; logs in {args.log_dir}"
         )
-        for index, run in enumerate(runs, 1):
-            results.append(serve(run, prompts, args, index, len(runs)))
+        by_label, pairing = serve_all(plan, prompts, load_prompts, args)
+        failures = []
+        if args.family == "hybrid":
+            failures += check_transformers(by_label, prompts, args)
     except ServerError as exc:
         say(f"e2e: {exc}")
         return 1
     except KeyboardInterrupt:
         say("e2e: interrupted; every server started has been stopped")
         return 130
-    by_label = {r.run.label: r for r in results}
-    failures = check_outputs(by_label, SPEC_KEYS) + check_logs(by_label, args.draft)
+    results = [by_label[run.label] for run in plan.runs]
+    failures += check_outputs(by_label, plan.reference_of, SPEC_KEYS)
+    failures += check_logs(by_label, plan.draft_folder)
+    failures += check_shims(by_label, hybrid=args.family == "hybrid")
+    failures += check_extras(by_label, pairing, plan)
     if args.family == "moe":
         failures += check_moe_logs(by_label)
-    bars = Bars.of(by_label)
+    bars = Bars.of(by_label, float_min=args.float_min)
     failures += bars.failures()
+    agreement = target_agreement(by_label)
     say("")
     say(table(results))
+    if agreement is not None:
+        say(
+            f"\nthe quantized target's tokens equal to the float target's: "
+            f"{agreement['equal']} of {agreement['total']} (first difference per prompt: "
+            f"{agreement['first_difference']})"
+        )
+    say("")
+    for r in results:
+        say(f"{r.run.label}: {r.command}")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w", encoding="utf-8") as handle:
@@ -305,9 +567,13 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "machine": machine_line(),
                     "family": args.family,
+                    "form": plan.form,
+                    "tp_size": args.tp_size,
                     "prompts": prompts,
                     "new_tokens": args.new_tokens,
                     "bars": bars.to_json(),
+                    "pairing": pairing.ratio(*plan.paired) if pairing.rounds else None,
+                    "target_agreement": agreement,
                     "failures": failures,
                     "runs": [r.to_json() for r in results],
                 },
@@ -317,13 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     for failure in failures:
         say(f"FAILED: {failure}")
     say(f"total {time.perf_counter() - started:.0f} s; {'FAILED' if failures else 'passed'}")
-    fixed = bars.fixed_label
-    tps = {k: by_label[k].tokens_per_second for k in ("float", "stock", fixed)}
-    say(
-        f"{args.line} accept_length float={bars.float:.3f} stock={bars.stock:.3f} "
-        f"{fixed}={bars.fixed:.3f} tokens_per_s float={tps['float']:.2f} "
-        f"stock={tps['stock']:.2f} {fixed}={tps[fixed]:.2f}"
-    )
+    say(last_line(args, plan, by_label, bars, pairing))
     return 1 if failures else 0
 
 

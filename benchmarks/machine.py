@@ -11,8 +11,10 @@ with AVX-512 and 2 MiB of L2 per core need not hold on one without.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import time
 
 import torch
 
@@ -102,3 +104,13 @@ def describe() -> str:
         + f"; torch {torch.__version__} (kernels {capability}), {torch.get_num_threads()} threads"
         + f" by default, load average {load:.1f}"
     )
+
+
+def finish(started: float, json_path: str | None, reps: int, rows: dict) -> None:
+    """A benchmark's closing lines: its total time and the load average now, and, when asked,
+    its rows with this machine's line and the repetitions as JSON at ``json_path``."""
+    print(f"total {time.perf_counter() - started:.0f} s, load average now {os.getloadavg()[0]:.1f}")
+    if json_path:
+        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+        with open(json_path, "w", encoding="utf-8") as handle:
+            json.dump({"machine": describe(), "reps": reps, "rows": rows}, handle, indent=1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -82,3 +83,56 @@ def test_the_anchor_rule_matches_githubs():
     results = os.path.join(ROOT, "docs", "results.md")
     assert "1-through-sglangs-own-server-eagle-on-the-cpu-make-e2e" in github_anchors(results)
     assert "4-on-an-ascend-npu-githubworkflowsnpu-e2eyml-not-run-here" in github_anchors(results)
+
+
+#: a code span: ``x`` (reST, docstrings) or `x` (Markdown), without spaces
+CODE_SPAN = re.compile(r"``?([^`\s]+?)``?")
+#: paths inside sglang's own tree, as the feature branch and the notes name them
+SGLANG_TREE = ("python/sglang/", "test/registered/")
+PACKAGE = os.path.join(ROOT, "python", "sglang_mtp_dequant")
+
+
+def tracked_files() -> list[str]:
+    """The repository's files as git tracks them (a fresh clone's files)."""
+    listed = subprocess.run(
+        ["git", "-C", ROOT, "ls-files"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return [f for f in listed if os.path.exists(os.path.join(ROOT, f))]
+
+
+def _repository_path(span: str, tops: set[str], tiers: set[str]) -> str | None:
+    """Where a code span that reads as one of this repository's paths must exist: from the
+    root when it starts with a top-level folder, from the package when it starts with a
+    tier (``formats/...``); None for spans that are not such a path."""
+    path = re.sub(r"(:\d+(-\d+)?|::[\w\[\]-]+)$", "", span).rstrip(".")  # a line, a test id
+    if "/" not in path or any(c in path for c in "<>*{}$|()[],'\"="):
+        return None
+    if f"{path}/".startswith(SGLANG_TREE):
+        return None
+    first = path.split("/")[0]
+    if first in tops:
+        return os.path.join(ROOT, path)
+    if first in tiers:
+        return os.path.join(PACKAGE, path)
+    return None
+
+
+def test_every_repository_path_in_a_code_span_exists():
+    """Docs, docstrings and comments name files by path (``test/unit/test_dequantize.py``,
+    `docs/layouts.md`, ``formats/naming.py:52``); a moved file leaves such a name stale with
+    no link to break, so each one that starts with a folder of this repository must exist."""
+    files = tracked_files()
+    tops = {f.split("/")[0] for f in files if "/" in f}
+    tiers = set(os.listdir(PACKAGE))
+    stale = []
+    for name in files:
+        if not name.endswith((".py", ".md")):
+            continue
+        with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+            text = f.read()
+        for match in CODE_SPAN.finditer(text):
+            path = _repository_path(match.group(1), tops, tiers)
+            if path is not None and not os.path.exists(path):
+                line = text.count("\n", 0, match.start()) + 1
+                stale.append(f"{name}:{line}: {match.group(1)}")
+    assert not stale, stale

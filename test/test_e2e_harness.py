@@ -26,6 +26,7 @@ from e2e.server import RUN_MARK  # noqa: E402
 E2E = os.path.join(ROOT, "test", "fixtures", "e2e")
 FLOAT, W8A8 = os.path.join(E2E, "float"), os.path.join(E2E, "w8a8")
 MOE_FLOAT, MOE_W8A8 = os.path.join(E2E, "moe_float"), os.path.join(E2E, "moe_w8a8")
+HYBRID_FLOAT, HYBRID_W8A8 = os.path.join(E2E, "hybrid_float"), os.path.join(E2E, "hybrid_w8a8")
 
 
 def run_harness(*args: str, timeout: float = 120.0) -> tuple[subprocess.CompletedProcess, float]:
@@ -186,4 +187,94 @@ def test_ctrl_c_during_start_up_stops_the_server(tmp_path):
             proc.communicate(timeout=120)
     assert proc.returncode == 130, stdout[-3000:]
     assert "interrupted; every server started has been stopped" in stdout
+    assert not server_processes(log_dir)
+
+
+def test_the_bundled_hybrid_is_qwen35s_layer_pattern():
+    """``--family hybrid``: three Gated DeltaNet layers then one full-attention layer (the key
+    sglang reads, ``full_attention_interval: 4``), and its ModelSlim export quantizes what
+    msmodelslim's Qwen3.5 recipe does: attention and MLP linears (the MTP layer's included),
+    never the GDN projections."""
+    from safetensors import safe_open
+
+    with open(os.path.join(HYBRID_FLOAT, "config.json")) as handle:
+        config = json.load(handle)
+    assert config["full_attention_interval"] == 4
+    assert config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
+    with open(os.path.join(HYBRID_W8A8, "quant_model_description.json")) as handle:
+        description = json.load(handle)
+    gdn = {n: k for n, k in description.items() if ".linear_attn." in n}
+    assert gdn and set(gdn.values()) == {"FLOAT"}
+    shard = os.path.join(HYBRID_W8A8, "quant_model_weights-00001-of-00001.safetensors")
+    with safe_open(shard, "np") as f:
+        codes = {n for n in f.keys() if f.get_slice(n).get_dtype() == "I8"}  # noqa: SIM118
+    assert len([n for n in codes if n.startswith("mtp.")]) == 7
+    assert not [n for n in codes if ".linear_attn." in n]
+
+
+def test_a_model_and_a_target_exclude_each_other():
+    out, seconds = run_harness("--model", W8A8, "--target", FLOAT)
+    assert out.returncode == 2
+    assert "exclude each other" in out.stderr
+    assert seconds < 10
+
+
+@pytest.mark.parametrize(
+    "folder, said",
+    [
+        (FLOAT, "every mtp.* tensor is float: there is nothing for the plugin"),
+        ("no-description", "has no quant_model_description.json"),
+    ],
+    ids=["float-folder", "no-description"],
+)
+def test_a_model_that_is_not_one_modelslim_folder_is_refused(tmp_path, folder, said):
+    if folder == "no-description":
+        folder = str(tmp_path / "w8a8")
+        shutil.copytree(W8A8, folder)
+        os.remove(os.path.join(folder, "quant_model_description.json"))
+    out, seconds = run_harness("--model", folder)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"MODEL {folder}" in out.stdout and said in out.stdout
+    assert seconds < 10
+
+
+def broken_draft(folder, missing: str) -> str:
+    """The bundled one-folder checkpoint with ``missing`` (an MTP weight_scale) removed from
+    its weights, index and description: a ModelSlim folder that can serve garbage."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(W8A8, folder)
+    shard = os.path.join(folder, "quant_model_weights-00001-of-00001.safetensors")
+    tensors = load_file(shard)
+    del tensors[missing]
+    save_file(tensors, shard, metadata={"format": "pt"})
+    for name in ("quant_model_weights.safetensors.index.json", "quant_model_description.json"):
+        path = os.path.join(folder, name)
+        with open(path) as handle:
+            data = json.load(handle)
+        (data["weight_map"] if "weight_map" in data else data).pop(missing)
+        with open(path, "w") as handle:
+            json.dump(data, handle)
+    return str(folder)
+
+
+@pytest.mark.slow
+def test_a_draft_the_plugin_refuses_stops_the_run_at_its_first_server(tmp_path):
+    """``make e2e MODEL=<folder whose MTP lacks a weight_scale>``: the plugin server is the
+    first to start, the plugin's guard refuses the draft during its load, the server exits;
+    the harness exits 1 well within one server's start timeout, shows the guard's message
+    (the tensor, what to do) from the server's own log, and leaves no process."""
+    missing = "mtp.layers.0.self_attn.o_proj.weight_scale"
+    model = broken_draft(tmp_path / "w8a8_no_scale", missing)
+    log_dir = tmp_path / "logs"
+    timeout = 400
+    out, seconds = run_harness(
+        "--model", model, "--log-dir", str(log_dir), "--start-timeout", str(timeout),
+        timeout=timeout + 60,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stdout[-3000:]
+    assert seconds < timeout
+    assert "the plugin server exited with status" in out.stdout
+    said = out.stdout.split("the plugin said:", 1)[1]
+    assert f"has no {missing}" in said and "What to do" in said, said[:2000]
     assert not server_processes(log_dir)

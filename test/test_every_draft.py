@@ -428,12 +428,15 @@ def test_verify_checks_every_library_fixture_against_the_formats_own_formula(
 
 
 #: the checkpoints this package was built for: (folder, the doctor's verdict before this change)
-#: the three Qwen3 V0 exports have no MTP layer: "no draft (MTP) tensors" is their error
+#: the three Qwen3 V0 exports have no MTP layer: "no draft (MTP) tensors" is their error;
+#: e2e's hybrid_qwen36_recipe records what msmodelslim's Qwen3.6 recipe describes, with no
+#: weights: "holds no *.safetensors weight file" is its error
 EXISTING = [
     *((os.path.join(MODELSLIM, n), "error" if n.startswith("qwen3_v0") else "ok")
       for n in sorted(os.listdir(MODELSLIM))
       if os.path.isfile(os.path.join(MODELSLIM, n, "config.json"))),
-    *((os.path.join(E2E, n), "ok") for n in sorted(os.listdir(E2E))),
+    *((os.path.join(E2E, n), "error" if n == "hybrid_qwen36_recipe" else "ok")
+      for n in sorted(os.listdir(E2E))),
 ]  # fmt: skip
 
 
@@ -441,7 +444,7 @@ EXISTING = [
 def test_every_existing_fixture_keeps_its_verdict_for_any_platform(cli_json, flags):
     """The ModelSlim and e2e fixtures: the doctor's verdict (and its exit code) is the one it
     gave before launch flags and the quantized-draft guard, on every platform asked."""
-    assert len(EXISTING) == 22
+    assert len(EXISTING) == 26  # 19 ModelSlim fixtures (with config.json), 7 e2e ones
     got = {}
     for folder, _ in EXISTING:
         code, report = cli_json("doctor", folder, *flags)

@@ -98,14 +98,18 @@ def load(sglang_cpu, caplog):
     import logging
 
     from sglang_mtp_dequant.serving.plugin import bypassed
+    from sglang_mtp_dequant.tools.cpu_env import npu_quantization_rule
     from sglang_mtp_dequant.tools.cpu_sglang import draft_model_config, load_model, publish_context
 
     caplog.set_level(logging.INFO)
 
-    def run(folder: str, name: str, *, plugin: bool = True, download_dir=None, **server_args):
+    def run(
+        folder: str, name: str, *, plugin: bool = True, npu=False, download_dir=None, **server_args
+    ):
         publish_context(folder, download_dir=download_dir, **server_args)
         config = draft_model_config(folder)
-        with contextlib.nullcontext() if plugin else bypassed():
+        platform = npu_quantization_rule() if npu else contextlib.nullcontext()
+        with platform, contextlib.nullcontext() if plugin else bypassed():
             model = load_model(config, download_dir=download_dir)
         return {
             n: p.detach().clone() for n, p in model.named_parameters() if n not in NOT_LOADED[name]
@@ -177,14 +181,18 @@ def test_the_embedding_the_qwen35_class_loads_is_streamed_from_the_first_shard(l
 def test_a_draft_built_quantized_is_narrowed_and_loads_what_stock_loads(
     load, tmp_path, caplog, rmsnorm_restored
 ):
+    """``--speculative-draft-model-quantization modelslim``, built as on NPU (sglang's
+    packed-module mapping applied, ``npu_quantization_rule`` of ``tools/cpu_env.py``): sglang's
+    own quantized layers, on the narrowed files."""
     folder, files = sharded(tmp_path, DENSE)
-    quantized = {"speculative_draft_model_quantization": "modelslim"}
+    quantized = {"speculative_draft_model_quantization": "modelslim", "npu": True}
     stock = load(folder, DENSE, plugin=False, **quantized)
     assert streamed_files() == tuple(files)
     caplog.clear()
     plugin = load(folder, DENSE, **quantized)
     assert streamed_files() == (files[0], files[2], files[3])
-    assert plugin["model.layers.0.o_proj.weight"].dtype == torch.int8  # sglang's own layers
+    for layer in ("o_proj", "qkv_proj"):  # sglang's own quantized layers, the fused one too
+        assert plugin[f"model.layers.0.{layer}.weight"].dtype == torch.int8, layer
     assert_same_bits(plugin, stock)
     lines = plugin_lines(caplog)
     assert lines == [

@@ -105,6 +105,18 @@ def _module_imports() -> dict[str, set[str]]:
     return {m: {t for t in targets if t in graph and t != m} for m, targets in graph.items()}
 
 
+def test_one_ruff_version():
+    """pre-commit's ruff hook and ``make lint`` (requirements/lint.txt) run the same ruff: two
+    versions disagree on formatting, and a contributor's commit hook would fight the CI."""
+    import re
+
+    with open(os.path.join(ROOT, ".pre-commit-config.yaml"), encoding="utf-8") as f:
+        hook = re.search(r"ruff-pre-commit\s+rev:\s*v?(\S+)", f.read())
+    assert hook, ".pre-commit-config.yaml has no ruff-pre-commit rev"
+    pinned = _requirements(os.path.join(ROOT, "requirements", "lint.txt"))["ruff"]
+    assert hook.group(1) == pinned
+
+
 def test_no_import_cycle_in_the_package():
     graph = _module_imports()
     assert "serving.plugin" in graph and "formats.plan" in graph
@@ -196,7 +208,7 @@ def test_sglangs_private_names_are_spelled_only_in_the_ledger():
         "_get_weights_iterator", "_initialize_model", "_get_quantization_config", "_patched",
         "_launch_scheduler_processes", "_map_global_expert_id_to_local_expert_id",
         "_sglang_require_global_experts", "runtime_context", "_get_excluded_dists",
-        "get_rope_cpu", "is_npu", "_weight_loader",
+        "get_rope_cpu", "is_npu", "_is_npu", "_weight_loader",
     }  # fmt: skip
     for name in spelled:
         assert any(name in entry.name for entry in LEDGER), f"{name} has no ledger entry"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from sglang_mtp_dequant.serving.drafts import DraftSpec, mtp_prefix
@@ -125,43 +126,62 @@ def test_float_mtp_checkpoint_loads_bit_identical_and_silent(sglang_cpu, caplog)
         assert torch.equal(param.view(torch.int16), stock[name].view(torch.int16)), name
 
 
-def test_quantized_draft_requested_is_left_to_sglang(
-    load_draft, sglang_cpu, caplog, rmsnorm_restored
-):
-    """With a quant config (the user asked for a quantized draft), the plugin changes nothing.
+def build_quantized_modelslim_draft(folder: str, npu: bool):
+    """``--speculative-draft-model-quantization modelslim``: sglang's draft class for
+    ``folder`` built with sglang's own ``ModelSlimConfig`` as its loader picks it, as on NPU
+    (``npu=True``: the loader's packed-module mapping, tools/cpu_env.npu_quantization_rule) or
+    as on this CPU."""
+    from sglang_mtp_dequant.tools.cpu_env import npu_quantization_rule
+    from sglang_mtp_dequant.tools.cpu_sglang import build_draft, draft_model_config, publish_context
 
-    The draft is built with sglang's real ModelSlimConfig from the checkpoint's description:
-    its quantized layers get int8 parameters that must receive the raw codes.
-    """
-    from sglang.srt.layers.quantization.modelslim.modelslim import ModelSlimConfig
+    publish_context(folder, speculative_draft_model_quantization="modelslim")
+    config = draft_model_config(folder)
+    with npu_quantization_rule() if npu else contextlib.nullcontext():
+        return config, build_draft(config)
 
-    from sglang_mtp_dequant.tools.cpu_sglang import (
-        build_draft_class,
-        draft_model_config,
-        publish_context,
-        sglang_weights,
-    )
+
+def test_quantized_draft_requested_is_left_to_sglang(sglang_cpu, caplog, rmsnorm_restored):
+    """With a quant config (the user asked for a quantized draft), the plugin changes nothing
+    of what sglang loads and says nothing: every quantized layer, the fused ``qkv_proj`` and
+    ``gate_up_proj`` too, gets int8 parameters that must receive the raw codes."""
+    from sglang_mtp_dequant.tools.cpu_sglang import sglang_weights
 
     folder = fixture_dir("q35_dense_w8a8_dynamic")
-    with open(os.path.join(folder, "quant_model_description.json")) as handle:
-        quant_config = ModelSlimConfig.from_config(json.load(handle))
-    publish_context(folder)
-    config = draft_model_config(folder)
-    draft_class = "sglang.srt.models.qwen3_5_mtp.Qwen3_5ForCausalLMMTP"
     loaded = []
     for use_plugin in (False, True):
-        model = build_draft_class(draft_class, config.hf_config, quant_config=quant_config)
+        config, model = build_quantized_modelslim_draft(folder, npu=True)
         method = type(model).load_weights if use_plugin else type(model).load_weights.__wrapped__
         caplog.clear()
         method(model, sglang_weights(config, model))
         assert not [r for r in caplog.records if r.name == "sglang_mtp_dequant"]
         loaded.append(dict(model.named_parameters()))
     stock, plugin = loaded
-    assert plugin["model.layers.0.o_proj.weight"].dtype == torch.int8
+    quantized = [n for n, p in plugin.items() if p.dtype == torch.int8]
+    assert any("qkv_proj" in n for n in quantized) and any("gate_up_proj" in n for n in quantized)
     for name, param in stock.items():
         if name == "lm_head.weight":
             continue
         assert torch.equal(param.view(torch.uint8), plugin[name].view(torch.uint8)), name
+
+
+def test_quantized_draft_misbuilt_off_npu_is_refused(sglang_cpu, rmsnorm_restored):
+    """Off NPU sglang gives a ModelSlim draft's fused ``qkv_proj`` no scheme (the packed-module
+    mapping is added only on NPU), so stock copies its int8 codes into a bf16 weight; with the
+    plugin the load stops, naming that parameter and the checkpoint names that fed it."""
+    from sglang_mtp_dequant.serving.guard import MisloadedDraftError
+    from sglang_mtp_dequant.tools.cpu_sglang import sglang_weights
+
+    folder = fixture_dir("q35_dense_w8a8_dynamic")
+    config, model = build_quantized_modelslim_draft(folder, npu=False)
+    type(model).load_weights.__wrapped__(model, sglang_weights(config, model))
+    stock = dict(model.named_parameters())
+    fused = next(n for n in stock if n.endswith("qkv_proj.weight"))
+    assert stock[fused].dtype == torch.bfloat16 and stock[fused].abs().max() > 64  # raw codes
+    config, model = build_quantized_modelslim_draft(folder, npu=False)
+    with pytest.raises(MisloadedDraftError) as caught:
+        model.load_weights(sglang_weights(config, model))
+    message = str(caught.value)
+    assert fused in message and "q_proj.weight" in message and folder in message, message
 
 
 def test_sglang_plugins_whitelist_switches_it_off(tmp_path):

@@ -1,4 +1,5 @@
-"""The sglang feature branch (upstream/series/) against the pinned release, and against the plugin.
+"""The sglang pull-request stack (upstream/series/ = PR 1, upstream/stack/*/ = the follow-ups)
+against the pinned release, and against the plugin.
 
 One implementation, not two: the branch's decode arithmetic (its
 ``python/sglang/srt/layers/quantization/modelslim/modelslim_draft.py``) must give the same bits
@@ -49,6 +50,40 @@ def test_series_applies_to_the_pinned_base_with_git_am(branch_tree):
     # the branch touches only sglang's own paths
     touched = tree.git(repo, "diff", "--name-only", f"{tree.TAG}..HEAD").splitlines()
     assert touched and all(p.startswith(("python/sglang/", "test/registered/")) for p in touched)
+
+
+def test_pr1_alone_is_the_qwen3_5_mtp_change_within_its_budget(branch_tree):
+    """upstream/series/ is PR 1: qwen3_5_mtp.py and its one registered test, nothing else,
+    within the line budget (issue #24: 200 + 250, 450 in all)."""
+    repo, _, _ = branch_tree
+    numstat = tree.git(repo, "diff", "--numstat", tree.TAG, tree.step_ref("series"))
+    added = {path: int(n) for n, _, path in (line.split("\t") for line in numstat.splitlines())}
+    model = "python/sglang/srt/models/qwen3_5_mtp.py"
+    test = "test/registered/unit/models/test_qwen3_5_mtp_w8a8_dequant.py"
+    assert set(added) == {model, test}
+    assert added[model] <= 200 and added[test] <= 250 and sum(added.values()) <= 450, added
+    assert [name for name, _ in tree.steps()][0] == "series" and len(tree.steps()) >= 2
+
+
+def test_plugin_steps_aside_per_class_for_pr1_alone(monkeypatch):
+    """With PR 1 alone sglang fixes Qwen3.5's MTP only: the plugin must step aside for a
+    ``load_weights`` from a module defining PR 1's error type, and for no other."""
+    import types
+
+    from sglang_mtp_dequant.serving import plugin
+
+    fixed = types.ModuleType("sglang_pr1_fixed_module")
+    setattr(fixed, plugin.UPSTREAM_FIX_MARKER, ValueError)
+    monkeypatch.setitem(sys.modules, fixed.__name__, fixed)
+    monkeypatch.setattr(plugin, "UPSTREAM_FIX", "sglang_mtp_dequant_no_such_module")
+
+    def load_weights(self, weights):
+        return weights
+
+    assert not plugin.sglang_dequantizes_drafts(load_weights)
+    load_weights.__module__ = fixed.__name__
+    assert plugin.sglang_dequantizes_drafts(load_weights)
+    assert not plugin.sglang_dequantizes_drafts(None)
 
 
 def test_committed_series_is_current(branch_tree):

@@ -122,11 +122,14 @@ def main() -> int:
 
 
 def _has_branch_module() -> bool:
+    """The stack's module, or what PR 1 alone defines in ``qwen3_5_mtp.py`` (its error type)."""
     import importlib.util
 
-    return (
-        importlib.util.find_spec("sglang.srt.layers.quantization.modelslim.modelslim_draft")
-        is not None
+    from sglang.srt.models import qwen3_5_mtp
+
+    module = "sglang.srt.layers.quantization.modelslim.modelslim_draft"
+    return importlib.util.find_spec(module) is not None or hasattr(
+        qwen3_5_mtp, "ModelSlimDraftWeightError"
     )
 
 

@@ -1,32 +1,32 @@
 #!/usr/bin/env python3
-"""``make upstream-test``: the feature branch through sglang's own CI harness, its negative
-control on the baseline, and bit-identity with the plugin on the repository's fixtures.
+"""``make upstream-test``: the pull-request stack through sglang's own CI harness, PR 1 alone
+and then the whole stack, each with its negative control on the baseline and bit-identity with
+the plugin on the repository's fixtures.
 
 Usage (after ``make upstream-tree``; the Makefile runs it with the venv's python)::
 
-    python upstream/run_tests.py [--repo DIR] [--steps registered,baseline,fixtures,e2e]
+    python upstream/run_tests.py [--repo DIR] [--steps pr1-registered,...,e2e]
 
-Steps:
+Steps (``STEPS``; ``pr1-*`` on a worktree of the tree at ``step/series``, the rest on the
+whole stack):
 
-1. ``registered``: sglang's ``collect_tests(files, sanity_check=True)`` on the test files the
-   branch adds under ``test/registered/``, then ``run_unittest_files`` on their CPU-suite
-   registrations (``base-a-test-cpu``), from the tree's root as sglang's CI runs them
-   (``python3 file.py -f``), with the patched tree first on ``PYTHONPATH`` and the plugin
-   switched off (``SGLANG_PLUGINS=none``). Must pass. Every file must also register for the
-   Ascend PR lane (``base-a-test-1-npu-a2``).
-2. ``baseline``: the same files run the same way on a worktree of the baseline commit (the
-   wheel's sglang files, the branch's test files): must fail, and the output must show the
-   bug (a draft parameter loaded with absmax 128.0: raw int8 codes) or stock sglang's own
-   failure on a companion tensor (KeyError).
-3. ``fixtures``: every checkpoint in test/fixtures/modelslim/ with an MTP draft (named by the
-   package's own rules: Qwen3.5's ``mtp.*``, DeepSeek-V3 / GLM-5's NextN layer): loaded by
-   stock sglang with the plugin and by the patched tree with the plugin off, in two processes
-   (``upstream/load_draft.py``); every draft parameter compared bit for bit. A checkpoint
-   whose draft uses a scheme the branch does not decode must be refused by the branch
-   (``ModelSlimDraftWeightError``), never loaded.
-4. ``e2e``: the server run (benchmarks/e2e/): runs ``$UPSTREAM_E2E`` (a shell
-   command) with the patched tree on PYTHONPATH and SGLANG_PLUGINS=none, when set; says that
-   it was not run otherwise.
+1. ``pr1-registered`` / ``registered``: sglang's ``collect_tests(files, sanity_check=True)`` on
+   the test files the step adds under ``test/registered/``, then ``run_unittest_files`` on
+   their CPU-suite registrations (``base-a-test-cpu``), from the tree's root as sglang's CI
+   runs them (``python3 file.py -f``), with the tree first on ``PYTHONPATH``, then
+   ``upstream/site`` (this machine's CPU shims), and the plugin switched off
+   (``SGLANG_PLUGINS=none``). Must pass. NPU-only files are collected, not run.
+2. ``pr1-baseline`` / ``baseline``: the same CPU files run the same way on a worktree of the
+   baseline commit: must fail, and the output must show the bug (a draft parameter loaded with
+   absmax 128.0: raw int8 codes) or stock sglang's own failure on a companion (KeyError).
+3. ``pr1-fixtures`` / ``fixtures``: every checkpoint in test/fixtures/modelslim/ with an MTP
+   draft (named by the package's own rules; for PR 1 the Qwen3.5 ones only): loaded by stock
+   sglang with the plugin and by the tree with the plugin off, in two processes
+   (``upstream/load_draft.py``); every draft parameter compared bit for bit. A draft whose
+   scheme the tree does not decode must be refused (``ModelSlimDraftWeightError``).
+4. ``e2e``: the server run (benchmarks/e2e/): runs ``$UPSTREAM_E2E`` (a shell command) with
+   the whole stack on PYTHONPATH and SGLANG_PLUGINS=none, when set; says that it was not run
+   otherwise.
 """
 
 from __future__ import annotations
@@ -48,7 +48,10 @@ from sglang_mtp_dequant.formats.naming import mtp_prefix, nextn_layer  # noqa: E
 
 ROOT = tree.ROOT
 FIXTURES = ROOT / "test" / "fixtures" / "modelslim"
-CPU_SUITE, NPU_SUITE = "base-a-test-cpu", "base-a-test-1-npu-a2"
+CPU_SUITE = "base-a-test-cpu"
+SITE = ROOT / "upstream" / "site"
+#: the targets whose draft PR 1 alone fixes (Qwen3.5 MTP; Qwen4-Exp inherits it)
+PR1_ARCHITECTURES = {"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"}
 BRANCH_TYPES = {"FLOAT", "W8A8_DYNAMIC", "W8A16", "W8A8", "W8A8_MIX"}
 #: target architecture -> the rule naming its draft's checkpoint tensors (the package's own)
 DRAFT_NAMES = {
@@ -58,21 +61,12 @@ DRAFT_NAMES = {
     "GlmMoeDsaForCausalLM": nextn_layer,
 }
 
-# sglang's own harness, in a process whose sglang is the one on PYTHONPATH. The torchvision
-# shim is this machine's (a CUDA torchvision wheel beside CPU torch; `import sglang` imports
-# transformers, which imports torchvision); each test file has its own, for its own process.
+# sglang's own harness, in a process whose sglang is the one on PYTHONPATH (with upstream/site/,
+# this machine's CPU shims, beside it): collect_tests with the sanity check on every file the
+# step adds, then run_unittest_files on the CPU-suite files. Files registered for NPU only (the
+# Ascend model test) are collected, not run: there is no NPU here.
 HARNESS = r"""
-import json, os, sys, torch
-try:
-    import torchvision  # noqa: F401
-except RuntimeError as exc:
-    if "torchvision::nms" not in str(exc):
-        raise
-    for m in [m for m in sys.modules if m.split(".")[0] == "torchvision"]:
-        del sys.modules[m]
-    lib = torch.library.Library("torchvision", "DEF")
-    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+import json, os, sys
 import sglang
 from sglang.test.ci.ci_register import HWBackend, collect_tests
 from sglang.test.ci.ci_utils import run_unittest_files
@@ -83,20 +77,22 @@ assert os.path.dirname(sglang.__file__).startswith(expected_root), sglang.__file
 print(f"harness: sglang from {os.path.dirname(sglang.__file__)}", flush=True)
 registries = collect_tests(files, sanity_check=True)
 cpu = [r for r in registries if r.backend == HWBackend.CPU and r.suite == "CPU_SUITE"]
-npu = {r.filename for r in registries if r.backend == HWBackend.NPU and r.suite == "NPU_SUITE"}
-missing = sorted(set(files) - {r.filename for r in cpu}) + sorted(set(files) - npu)
+missing = sorted(set(files) - {r.filename for r in registries})
 if missing:
-    sys.exit(f"harness: not registered for both CPU_SUITE and NPU_SUITE: {missing}")
-print(f"harness: collect_tests(sanity_check=True) accepted {len(files)} file(s)", flush=True)
+    sys.exit(f"harness: not registered for any suite: {missing}")
+npu_only = sorted({r.filename for r in registries} - {r.filename for r in cpu})
+print(f"harness: collect_tests(sanity_check=True) accepted {len(files)} file(s); "
+      f"NPU only, collected not run: {npu_only}", flush=True)
+if not cpu:
+    sys.exit(0)
 sys.exit(0 if run_unittest_files(cpu, continue_on_error=True) == 0 else 1)
-""".replace("CPU_SUITE", CPU_SUITE).replace("NPU_SUITE", NPU_SUITE)
+""".replace("CPU_SUITE", CPU_SUITE)
 
 
 def sglang_env(python_dir: Path, plugins: str = "none") -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(python_dir), env.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep
-    )
+    parts = [str(python_dir), str(SITE), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(parts).rstrip(os.pathsep)
     env["SGLANG_PLUGINS"] = plugins
     # run_unittest_files starts `python3 file.py`: this venv's interpreter
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
@@ -118,31 +114,32 @@ def run_harness(root: Path, files: list[str], log: Path) -> tuple[int, str]:
     return proc.returncode, text
 
 
-def step_registered(repo: Path, base: dict, logs: Path) -> list[str]:
-    files = tree.added_files(repo, base, "test/registered")
+def step_registered(root: Path, files: list[str], log: Path, what: str) -> list[str]:
     if not files:
-        return ["the branch adds no test under test/registered/"]
-    print(f"[registered] {len(files)} file(s) on the patched tree: {', '.join(files)}")
-    code, text = run_harness(repo, files, logs / "registered.log")
+        return [f"{what} adds no test under test/registered/"]
+    print(f"[registered] {what}: {len(files)} file(s): {', '.join(files)}")
+    code, text = run_harness(root, files, log)
     if code != 0:
-        return [f"the registered tests failed on the branch (see {logs / 'registered.log'})"]
+        return [f"the registered tests failed on {what} (see {log})"]
     ran = [line for line in text.splitlines() if line.startswith("Ran ")]
     print(f"  green: {'; '.join(ran)}")
     return []
 
 
-def step_baseline(repo: Path, base: dict, logs: Path) -> list[str]:
+def step_baseline(repo: Path, base: dict, log: Path, tests_from: str, what: str) -> list[str]:
+    """The tests ``tests_from`` adds, run on the baseline: they must fail, showing the bug."""
     with tempfile.TemporaryDirectory(prefix="upstream-baseline-") as tmp:
         dest = Path(tmp) / "sglang"
         try:
-            files = tree.baseline_worktree(repo, base, dest)
-            print(f"[baseline] the same files on the baseline {base['baseline_commit'][:12]}")
-            code, text = run_harness(dest, files, logs / "baseline.log")
+            files = tree.baseline_worktree(repo, base, dest, tests_from)
+            files = [f for f in files if "/unit/" in f]  # the NPU model test cannot run here
+            print(f"[baseline] {what}'s CPU tests on the baseline {base['baseline_commit'][:12]}")
+            code, text = run_harness(dest, files, log)
         finally:
             tree.remove_worktree(repo, dest)
     problems = []
     if code == 0:
-        problems.append("the registered tests PASS on the baseline: they do not test the fix")
+        problems.append(f"{what}'s registered tests PASS on the baseline: they do not test it")
     raw = text.count("absmax 128.0")
     stock_key_errors = text.count("KeyError: 'model.")
     if not raw and not stock_key_errors:
@@ -155,11 +152,16 @@ def step_baseline(repo: Path, base: dict, logs: Path) -> list[str]:
     return problems
 
 
-def fixture_folders() -> tuple[list[Path], list[Path], dict[str, str]]:
-    """(covered, refused, skipped-with-reason) fixtures."""
+def fixture_folders(
+    architectures: set[str] | None = None,
+) -> tuple[list[Path], list[Path], dict[str, str]]:
+    """(covered, refused, skipped-with-reason) fixtures (of ``architectures`` only, if given)."""
     covered, refused, skipped = [], [], {}
     for folder in sorted(p for p in FIXTURES.iterdir() if (p / "config.json").is_file()):
         config = CheckpointConfig.read(str(folder))
+        if architectures is not None and config.architecture not in architectures:
+            skipped[folder.name] = f"{config.architecture}: not a class this step fixes"
+            continue
         rule = DRAFT_NAMES.get(config.architecture or "")
         if rule is None:
             skipped[folder.name] = f"{config.architecture}: no MTP draft"
@@ -185,10 +187,15 @@ def same_bits(a, b) -> bool:
     return torch.equal(a, b)
 
 
-def step_fixtures(repo: Path, logs: Path) -> list[str]:
+def step_fixtures(
+    root: Path, logs: Path, what: str, architectures: set[str] | None = None
+) -> list[str]:
+    """Every fixture's draft loaded by stock sglang + the plugin and by ``root``'s tree with the
+    plugin off: bit-identical, or refused by the tree for a scheme it does not decode."""
     from safetensors.torch import load_file
 
-    covered, refused, skipped = fixture_folders()
+    covered, refused, skipped = fixture_folders(architectures)
+    print(f"[fixtures] {what}")
     folders = [str(p) for p in covered + refused]
     print(f"[fixtures] {len(covered)} covered, {len(refused)} refused by the branch; skipped: "
           + ", ".join(f"{k} ({v})" for k, v in skipped.items()))  # fmt: skip
@@ -198,11 +205,11 @@ def step_fixtures(repo: Path, logs: Path) -> list[str]:
         started = time.perf_counter()
         sides = [
             (plugin, "plugin", dict(os.environ, SGLANG_PLUGINS="mtp_dequant")),
-            (branch, "branch", sglang_env(repo / "python")),
+            (branch, "branch", sglang_env(root / "python")),
         ]
         procs = []
         for out, expect, env in sides:
-            log = open(logs / f"fixtures-{expect}.log", "w")
+            log = open(logs / f"fixtures-{what.split()[0]}-{expect}.log", "w")
             cmd = [sys.executable, script, "--out", str(out), "--expect", expect, *folders]
             procs.append(
                 (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log)
@@ -258,10 +265,13 @@ def step_e2e(repo: Path) -> list[str]:
     return [] if code == 0 else [f"the e2e run exited {code}"]
 
 
+STEPS = "pr1-registered,pr1-baseline,pr1-fixtures,registered,baseline,fixtures,e2e"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repo", type=Path, default=tree.CACHE / "sglang")
-    parser.add_argument("--steps", default="registered,baseline,fixtures,e2e")
+    parser.add_argument("--steps", default=STEPS)
     parser.add_argument("--logs", type=Path, default=tree.CACHE / "logs")
     args = parser.parse_args(argv)
     base = tree.read_base()
@@ -272,18 +282,46 @@ def main(argv: list[str] | None = None) -> int:
         print(f"upstream/run_tests.py: {exc}", file=sys.stderr)
         return 2
     args.logs.mkdir(parents=True, exist_ok=True)
-    steps = {
-        "registered": lambda: step_registered(repo, base, args.logs),
-        "baseline": lambda: step_baseline(repo, base, args.logs),
-        "fixtures": lambda: step_fixtures(repo, args.logs),
-        "e2e": lambda: step_e2e(repo),
-    }
-    problems = []
-    for name in args.steps.split(","):
-        started = time.perf_counter()
-        found = steps[name]()
-        print(f"[{name}] {'ok' if not found else 'FAILED'} ({time.perf_counter() - started:.0f} s)")
-        problems += [f"{name}: {p}" for p in found]
+    pr1 = tree.step_ref("series")
+    logs = args.logs
+    with tempfile.TemporaryDirectory(prefix="upstream-pr1-") as tmp:
+        pr1_root = Path(tmp) / "sglang"
+        pr1_files: list[str] = []
+        if any(name.startswith("pr1-") for name in args.steps.split(",")):
+            pr1_files = tree.worktree_at(repo, base, pr1_root, pr1)
+        steps = {
+            "pr1-registered": lambda: step_registered(
+                pr1_root, pr1_files, logs / "pr1-registered.log", "PR 1 alone"
+            ),
+            "pr1-baseline": lambda: step_baseline(
+                repo, base, logs / "pr1-baseline.log", pr1, "PR 1"
+            ),
+            "pr1-fixtures": lambda: step_fixtures(
+                pr1_root, logs, "pr1: PR 1 alone, Qwen3.5 drafts", PR1_ARCHITECTURES
+            ),
+            "registered": lambda: step_registered(
+                repo,
+                tree.added_files(repo, base, "test/registered"),
+                logs / "registered.log",
+                "the whole stack",
+            ),
+            "baseline": lambda: step_baseline(
+                repo, base, logs / "baseline.log", base["branch"], "the whole stack"
+            ),
+            "fixtures": lambda: step_fixtures(repo, logs, "stack: the whole stack"),
+            "e2e": lambda: step_e2e(repo),
+        }
+        problems = []
+        try:
+            for name in args.steps.split(","):
+                started = time.perf_counter()
+                found = steps[name]()
+                status = "ok" if not found else "FAILED"
+                print(f"[{name}] {status} ({time.perf_counter() - started:.0f} s)")
+                problems += [f"{name}: {p}" for p in found]
+        finally:
+            if pr1_files:
+                tree.remove_worktree(repo, pr1_root)
     for problem in problems:
         print(f"upstream-test: {problem}", file=sys.stderr)
     return 1 if problems else 0

@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = ROOT / "upstream"
 SERIES = UPSTREAM / "series"
+STACK = UPSTREAM / "stack"
 BASE_FILE = UPSTREAM / "BASE"
 CACHE = ROOT / ".cache" / "upstream"
 TAG = "v0.5.23-wheel"
@@ -174,15 +175,29 @@ def make_baseline(repo: Path, wheel: Path, base: dict[str, str], record: bool = 
     return sha
 
 
+def steps(series: Path = SERIES) -> list[tuple[str, Path]]:
+    """The pull requests in merge order: PR 1 (``upstream/series``) and then each follow-up
+    ``upstream/stack/NN-<name>/``, as (step name, folder); the tree tags each step's last
+    commit ``step/<name>``."""
+    stack = series.parent / "stack"
+    follow_ups = sorted(p for p in stack.iterdir() if p.is_dir()) if stack.is_dir() else []
+    return [("series", series)] + [(p.name, p) for p in follow_ups]
+
+
 def series_files(series: Path = SERIES) -> list[Path]:
-    return sorted(series.glob("*.patch"))
+    """Every patch of the stack, in the order ``git am`` applies them."""
+    return [patch for _, folder in steps(series) for patch in sorted(folder.glob("*.patch"))]
+
+
+def step_ref(name: str) -> str:
+    return f"refs/tags/step/{name}"
 
 
 def series_stamp(patches: list[Path], base: dict[str, str]) -> str:
     # how the series is applied is part of what the branch is: a change there re-applies it
     digest = hashlib.sha256(f"{base['baseline_commit']} git am {' '.join(AM_OPTS)}".encode())
     for patch in patches:
-        digest.update(patch.name.encode() + b"\0" + patch.read_bytes() + b"\0")
+        digest.update(f"{patch.parent.name}/{patch.name}".encode() + b"\0" + patch.read_bytes())
     return digest.hexdigest()
 
 
@@ -202,7 +217,12 @@ def apply_series(repo: Path, base: dict[str, str], series: Path = SERIES) -> boo
     git(repo, "am", "--abort", check=False)
     git(repo, "checkout", "-q", "-f", "-B", branch, TAG)
     git(repo, "clean", "-q", "-f", "-d")  # untracked files only: the ignored *.so stay
-    if patches:
+    for tag in git(repo, "tag", "--list", "step/*").splitlines():
+        git(repo, "tag", "-d", tag)
+    for name, folder in steps(series):
+        patches = sorted(folder.glob("*.patch"))
+        if not patches:
+            raise TreeError(f"{folder}: a step of the stack with no patch")
         proc = subprocess.run(
             ["git", *_GIT_OPTS, "-C", str(repo), "am", "-q", *AM_OPTS] + [str(p) for p in patches],
             env={**os.environ, **_GIT_ENV},
@@ -212,10 +232,11 @@ def apply_series(repo: Path, base: dict[str, str], series: Path = SERIES) -> boo
         if proc.returncode != 0:
             git(repo, "am", "--abort", check=False)
             raise TreeError(
-                f"upstream/series does not apply to the baseline {TAG}:\n"
-                f"{proc.stdout}{proc.stderr}\nWhat to do: fix the patch named above (edit the "
-                "branch in the tree and run `upstream/tree.py export`)."
+                f"{folder.relative_to(folder.parent.parent)} does not apply on top of the steps "
+                f"before it (baseline {TAG}):\n{proc.stdout}{proc.stderr}\nWhat to do: fix the "
+                "patch named above (edit the branch in the tree and run `upstream/tree.py export`)."
             )
+        git(repo, "tag", f"step/{name}")
     git(repo, "config", STAMP_KEY, stamp)
     return True
 
@@ -245,66 +266,115 @@ def build_tree(
     }
 
 
-def format_patch(repo: Path, branch: str, dest: Path) -> list[Path]:
+def format_patch(repo: Path, since: str, until: str, dest: Path) -> list[Path]:
     git(repo, "format-patch", "-q", "--zero-commit", "--no-signature", "-o", str(dest),
-        f"{TAG}..{branch}")  # fmt: skip
+        f"{since}..{until}")  # fmt: skip
     return sorted(dest.glob("*.patch"))
 
 
+def tree_steps(repo: Path) -> list[str]:
+    """The step names the tree's ``step/*`` tags mark, in merge order (``series`` first)."""
+    names = [t.removeprefix("step/") for t in git(repo, "tag", "--list", "step/*").splitlines()]
+    return sorted(names, key=lambda n: (n != "series", n))
+
+
+def step_ranges(repo: Path) -> list[tuple[str, str, str]]:
+    """(step name, first-exclusive ref, last ref) of each step of the tree."""
+    ranges, since = [], TAG
+    for name in tree_steps(repo):
+        ranges.append((name, since, step_ref(name)))
+        since = step_ref(name)
+    return ranges
+
+
+def step_folder(name: str, series: Path = SERIES) -> Path:
+    return series if name == "series" else series.parent / "stack" / name
+
+
 def export_series(repo: Path, base: dict[str, str], series: Path = SERIES) -> list[Path]:
-    """Rewrite ``upstream/series`` from the branch in the tree."""
-    series.mkdir(parents=True, exist_ok=True)
-    for old in series_files(series):
-        old.unlink()
-    written = format_patch(repo, base["branch"], series)
+    """Rewrite ``upstream/series`` and ``upstream/stack/*/`` from the tree: each step is the
+    range between consecutive ``step/*`` tags (move a tag to move a step's end); the branch
+    must end at the last step."""
+    ranges = step_ranges(repo)
+    last = git(repo, "rev-parse", f"{ranges[-1][2]}^{{commit}}") if ranges else ""
+    if not ranges or last != git(repo, "rev-parse", base["branch"]):
+        raise TreeError(f"tag the end of each step step/<name> (the last at {base['branch']})")
+    for _, folder in steps(series):
+        for old in folder.glob("*.patch"):
+            old.unlink()
+    written = []
+    for name, since, until in ranges:
+        folder = step_folder(name, series)
+        folder.mkdir(parents=True, exist_ok=True)
+        written += format_patch(repo, since, until, folder)
     # the tree's branch is what the series now says: mark it current
     git(repo, "config", STAMP_KEY, series_stamp(series_files(series), base))
     return written
 
 
 def check_current(repo: Path, base: dict[str, str], series: Path = SERIES) -> list[str]:
-    """Differences between the committed series and ``git format-patch`` of the branch made
-    from it (empty: current). The tree must have been built from this series."""
+    """Differences between the committed stack and ``git format-patch`` of each step of the
+    branch made from it (empty: current). The tree must have been built from this stack."""
     problems = []
-    with tempfile.TemporaryDirectory(prefix="series-") as tmp:
-        fresh = {p.name: p.read_bytes() for p in format_patch(repo, base["branch"], Path(tmp))}
-    committed = {p.name: p.read_bytes() for p in series_files(series)}
-    for name in sorted(set(fresh) | set(committed)):
-        if name not in committed:
-            problems.append(f"{name}: the branch has this commit, the series has no patch for it")
-        elif name not in fresh:
-            problems.append(f"{name}: in the series, but not a commit of the branch")
-        elif fresh[name] != committed[name]:
-            problems.append(f"{name}: differs from `git format-patch` of the branch")
-    others = (
-        sorted(p.name for p in series.iterdir() if p.suffix != ".patch") if series.is_dir() else []
-    )
-    problems += [f"{name}: not a patch, in upstream/series" for name in others]
+    made = {name: (since, until) for name, since, until in step_ranges(repo)}
+    for name, folder in steps(series):
+        where = folder.relative_to(series.parent)
+        if name not in made:
+            problems.append(f"{where}: not a step of the tree's branch")
+            continue
+        with tempfile.TemporaryDirectory(prefix="series-") as tmp:
+            fresh = {p.name: p.read_bytes() for p in format_patch(repo, *made[name], Path(tmp))}
+        committed = {p.name: p.read_bytes() for p in folder.glob("*.patch")}
+        for patch in sorted(set(fresh) | set(committed)):
+            if patch not in committed:
+                problems.append(f"{where}/{patch}: the branch has this commit, no patch for it")
+            elif patch not in fresh:
+                problems.append(f"{where}/{patch}: in the stack, but not a commit of the step")
+            elif fresh[patch] != committed[patch]:
+                problems.append(f"{where}/{patch}: differs from `git format-patch` of the step")
+        allowed = {".patch"} if name == "series" else {".patch", ".md"}
+        problems += [
+            f"{where}/{p.name}: not a patch (or the step's PR.md)"
+            for p in sorted(folder.iterdir())
+            if p.suffix not in allowed
+        ]
     return problems
 
 
-def added_files(repo: Path, base: dict[str, str], under: str) -> list[str]:
-    """Files the branch adds under ``under`` (repository-relative paths)."""
-    out = git(repo, "diff", "--name-only", "--diff-filter=A", TAG, base["branch"], "--", under)
+def added_files(
+    repo: Path, base: dict[str, str], under: str, until: str | None = None
+) -> list[str]:
+    """Files the branch (or the stack up to ``until``) adds under ``under``."""
+    out = git(repo, "diff", "--name-only", "--diff-filter=A", TAG, until or base["branch"],
+              "--", under)  # fmt: skip
     return [line for line in out.splitlines() if line]
 
 
-def baseline_worktree(repo: Path, base: dict[str, str], dest: Path) -> list[str]:
-    """The negative control's tree at ``dest``: the baseline's sglang files, the branch's test
-    files, the compiled extensions. Returns the test files. Remove it with
+def worktree_at(repo: Path, base: dict[str, str], dest: Path, at: str,
+                tests_from: str | None = None) -> list[str]:  # fmt: skip
+    """A worktree of the tree at ``at`` (a baseline or a step), with the compiled extensions,
+    and with the test files that ``tests_from`` adds written in when given (the negative
+    control). Returns the test files under ``test/registered`` it holds. Remove it with
     ``remove_worktree``."""
     git(repo, "worktree", "prune")
-    git(repo, "worktree", "add", "-q", "--detach", "-f", str(dest), TAG)
-    tests = added_files(repo, base, "test")
-    for path in tests:
+    git(repo, "worktree", "add", "-q", "--detach", "-f", str(dest), at)
+    tests = added_files(repo, base, "test/registered", tests_from or at)
+    for path in tests if tests_from else []:
         target = dest / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(git(repo, "show", f"{base['branch']}:{path}") + "\n")
+        target.write_text(git(repo, "show", f"{tests_from}:{path}") + "\n")
     for so in (repo / "python").rglob("*.so"):
         target = dest / so.relative_to(repo)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(so, target)
     return tests
+
+
+def baseline_worktree(repo: Path, base: dict[str, str], dest: Path,
+                      tests_from: str | None = None) -> list[str]:  # fmt: skip
+    """The negative control's tree: the baseline's sglang files with the test files of the
+    branch (or of the stack up to ``tests_from``)."""
+    return worktree_at(repo, base, dest, TAG, tests_from or base["branch"])
 
 
 def remove_worktree(repo: Path, dest: Path) -> None:
@@ -343,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"branch {base['branch']} ({applied}):")  # fmt: skip
             for line in info["commits"]:
                 print(f"  {line}")
+            for name, _, until in step_ranges(repo):
+                print(f"  step {name}: {git(repo, 'rev-parse', '--short', until + '^{commit}')}")
         elif args.command == "export":
             for path in export_series(repo, base):
                 print(path.relative_to(ROOT))
@@ -353,7 +425,8 @@ def main(argv: list[str] | None = None) -> int:
             if problems:
                 print("the series is not current: run `python upstream/tree.py export`")
                 return 1
-            print(f"upstream/series is current ({len(series_files())} patches)")
+            print(f"upstream/series and upstream/stack are current ({len(series_files())} "
+                  f"patches in {len(steps())} steps)")  # fmt: skip
         else:
             print(record_baseline(repo, base, args.python, args.cache.resolve()))
     except TreeError as exc:

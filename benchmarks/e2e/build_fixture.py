@@ -4,6 +4,7 @@ Usage (from the repository root; what ``test/fixtures/e2e/*/RECIPE.md`` says)::
 
     .venv/bin/python benchmarks/e2e/build_fixture.py            # -> test/fixtures/e2e/{float,w8a8}
     .venv/bin/python benchmarks/e2e/build_fixture.py --family moe   # -> .../{moe_float,moe_w8a8}
+    .venv/bin/python benchmarks/e2e/build_fixture.py --family hybrid  # .../hybrid_{float,w8a8}
 
 The model is ``make accept``'s tiny Qwen3.5 (``benchmarks/accept``: same corpus, recipe and
 exporter) with every layer full attention: sglang's server on the CPU runs attention through
@@ -14,6 +15,12 @@ in ``.cache/accept/``, so the model is trained once per machine and reused.
 ``--family moe``: the same model as a Qwen3.5-MoE (``Qwen3_5MoeForCausalLM``): every layer's
 MLP, the MTP layer's included, is a sparse MoE block of 8 routed experts (top-2, intermediate
 64) and a gated shared expert (intermediate 128), trained by the same recipe under its own key.
+
+``--family hybrid``: Qwen3.5's own layer pattern, three Gated DeltaNet (linear attention)
+layers then one full-attention layer (config.json ``full_attention_interval: 4``), which is
+``make accept``'s model itself (the default ``TinySpec``, the same cache key). sglang runs its
+GDN layers through its own Triton kernels under the interpreter with the environment fixes of
+``site/e2e_shim_gdn.py`` (``make e2e-hybrid``).
 """
 
 from __future__ import annotations
@@ -46,8 +53,14 @@ E2E_MOE_SPEC = TinySpec(
     moe_intermediate_size=64,
     shared_expert_intermediate_size=128,
 )
+#: the bundled hybrid model: make accept's model, Qwen3.5's 3:1 Gated DeltaNet / full attention
+E2E_HYBRID_SPEC = TinySpec()
 #: family -> (spec, float folder, ModelSlim folder) under test/fixtures/e2e
-FAMILIES = {"dense": (E2E_SPEC, "float", "w8a8"), "moe": (E2E_MOE_SPEC, "moe_float", "moe_w8a8")}
+FAMILIES = {
+    "dense": (E2E_SPEC, "float", "w8a8"),
+    "moe": (E2E_MOE_SPEC, "moe_float", "moe_w8a8"),
+    "hybrid": (E2E_HYBRID_SPEC, "hybrid_float", "hybrid_w8a8"),
+}
 FIXTURES = os.path.join(REPO, "test", "fixtures", "e2e")
 
 

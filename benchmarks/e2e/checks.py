@@ -2,12 +2,14 @@
 
 Usage::
 
-    failures = check_outputs(results, SPEC_KEYS) + check_logs(results, draft_folder)
+    failures = check_outputs(results, plan.reference_of, SPEC_KEYS)
+    failures += check_logs(results, plan.draft_folder) + check_shims(results)
     failures += check_moe_logs(results)                  # the MoE family only
     bars = Bars.of(results); failures += bars.failures()
 
-``results`` maps a run's label (reference, float, stock, plugin) to what its server returned
-(``e2e_server.RunResult``). A failure is a sentence saying what was expected and what came.
+``results`` maps a run's label (reference, float, stock, plugin, ...) to what its server
+returned (``e2e_server.RunResult``, whose ``run`` is the ``server.ServerRun``). A failure is a
+sentence saying what was expected and what came.
 """
 
 from __future__ import annotations
@@ -35,12 +37,29 @@ MOE_LINE = re.compile(
 )
 #: FusedMoE layer names: the target's layers, and the MTP draft's (built under ``mtp``)
 TARGET_MOE, DRAFT_MOE = "model.layers.", "mtp."
+#: what every server given ``--quantization modelslim`` (target or draft) must log: the CPU
+#: stand-ins of ``site/e2e_shim_modelslim.py`` and ``site/e2e_shim_npu_ops.py`` took effect
+MODELSLIM_SHIM_LINES = (
+    "ModelSlimConfig accepts float32 for the CPU run",
+    "sglang's NPU packed-module mapping applied by _get_quantization_config",
+    "torch.ops.npu.npu_dynamic_quant ran on the CPU stand-in",
+    "torch.ops.npu.npu_quant_matmul ran on the CPU stand-in",
+)
+#: the GDN fixes (``site/e2e_shim_gdn.py``) every hybrid server needs, and those EAGLE adds
+GDN_FIXES = (
+    "float32-chunk",
+    "fla-device-ctx",
+    "device-context",
+    "autotune-one-config",
+    "fla-op-aliases",
+    "sm-count",
+)
+GDN_SPECULATIVE_FIXES = ("scatter-device-check",)
 
 
-def speculative(results: dict) -> tuple[str, str, str]:
-    """The labels of the float, stock and fixed runs present in ``results``."""
-    fixed = next(label for label in FIXED if label in results)
-    return "float", "stock", fixed
+def fixed_label(results: dict) -> str:
+    """The label of the run that serves the quantized draft with the fix."""
+    return next(label for label in FIXED if label in results)
 
 
 def _log(result) -> str:
@@ -48,24 +67,30 @@ def _log(result) -> str:
         return handle.read()
 
 
-def check_outputs(results: dict, spec_keys: tuple[str, ...]) -> list[str]:
-    """Every speculative run emits the reference run's tokens, and reports sglang's figures."""
+def check_outputs(results: dict, reference_of: dict[str, str], spec_keys: tuple[str, ...]):
+    """Every speculative run emits its reference run's tokens, and reports sglang's figures."""
     failures = []
-    reference = results["reference"]
-    for label in speculative(results):
-        run = results[label]
+    for label, reference_label in reference_of.items():
+        if label not in results or reference_label not in results:
+            continue
+        reference, run = results[reference_label], results[label]
         for i, (want, got) in enumerate(zip(reference.generations, run.generations, strict=True)):
-            if got.output_ids != want.output_ids:
-                first = first_difference(want.output_ids, got.output_ids)
-                failures.append(
-                    f"{label}: prompt {i} differs from the run without speculation from token "
-                    f"{first} on ({got.output_ids[first : first + 8]} vs "
-                    f"{want.output_ids[first : first + 8]})"
-                )
+            failures += compare_tokens(f"{label}: prompt {i}", reference_label, want, got)
             missing = [k for k in spec_keys if k not in got.meta]
             if missing:
                 failures.append(f"{label}: prompt {i}: sglang's meta_info lacks {missing}")
     return failures
+
+
+def compare_tokens(what: str, reference_label: str, want, got) -> list[str]:
+    """A failure if ``got``'s output ids are not exactly ``want``'s."""
+    if got.output_ids == want.output_ids:
+        return []
+    first = first_difference(want.output_ids, got.output_ids)
+    return [
+        f"{what} differs from the {reference_label} run from token {first} on "
+        f"({got.output_ids[first : first + 8]} vs {want.output_ids[first : first + 8]})"
+    ]
 
 
 def first_difference(want: list[int], got: list[int]) -> int:
@@ -77,16 +102,19 @@ def first_difference(want: list[int], got: list[int]) -> int:
 
 
 def check_logs(results: dict, draft_folder: str) -> list[str]:
-    """The fix acted exactly where it should (the plugin's line, or the branch's), and the CPU
-    tree shim took effect in every speculative server."""
-    fixed = speculative(results)[2]
+    """The fix acted exactly where it should (the plugin's line, or the branch's; with TP, in
+    every rank), and the CPU tree shim took effect in every speculative server."""
+    fixed = fixed_label(results)
     rule = PLUGIN_LINE if fixed == "plugin" else BRANCH_LINE
     failures = []
     lines = {label: rule.findall(_log(r)) for label, r in results.items()}
-    if not [m for m in lines[fixed] if os.path.abspath(m[1]) == draft_folder]:
+    naming = [m for m in lines[fixed] if os.path.abspath(m[1]) == draft_folder]
+    ranks = results[fixed].run.tp_size
+    if len(naming) < ranks:
         failures.append(
-            f"{fixed}: no {'plugin' if fixed == 'plugin' else 'feature-branch'} line naming "
-            f"{draft_folder} in {results[fixed].log_path} (found {lines[fixed]})"
+            f"{fixed}: {len(naming)} {'plugin' if fixed == 'plugin' else 'feature-branch'} "
+            f"line(s) naming {draft_folder} in {results[fixed].log_path}, one per rank "
+            f"expected ({ranks}; found {lines[fixed]})"
         )
     for label in results:
         if label != fixed and lines[label]:
@@ -100,14 +128,40 @@ def check_logs(results: dict, draft_folder: str) -> list[str]:
 
 def _check_tree_shim(results: dict) -> list[str]:
     failures = []
-    for label in speculative(results):
-        text = _log(results[label])
+    for label, result in results.items():
+        if not result.run.speculative:
+            continue
+        text = _log(result)
         for kernel in TREE_KERNELS:
             if f"{SHIM_MARK} sglang.kernels.ops.speculative.spec_tree.{kernel}" not in text:
                 failures.append(
                     f"{label}: the CPU tree shim did not take effect ('{kernel}' not logged): "
                     "sglang's greedy tree verification would be a silent no-op"
                 )
+    return failures
+
+
+def check_shims(results: dict, hybrid: bool = False) -> list[str]:
+    """The NPU stand-ins announced themselves in every server given ModelSlim quantization,
+    and (``hybrid``) every GDN fix its server needs in every server."""
+    failures = []
+    for label, result in results.items():
+        text = _log(result)
+        wanted = []
+        run = result.run
+        if run.quantization == "modelslim" or (
+            run.speculative and run.draft_quantization == "modelslim"
+        ):
+            wanted += [f"{SHIM_MARK} {line}" for line in MODELSLIM_SHIM_LINES]
+        if hybrid:
+            fixes = GDN_FIXES + (GDN_SPECULATIVE_FIXES if run.speculative else ())
+            wanted += [f"{SHIM_MARK} gdn fix {fix}:" for fix in fixes]
+        missing = [line for line in wanted if line not in text]
+        if missing:
+            failures.append(
+                f"{label}: CPU stand-ins that did not announce themselves in "
+                f"{result.log_path}: {missing}"
+            )
     return failures
 
 
@@ -118,7 +172,7 @@ def check_moe_logs(results: dict) -> list[str]:
     failures = []
     for label, result in results.items():
         layers = set(MOE_LINE.findall(_log(result)))
-        wanted = [TARGET_MOE] + ([DRAFT_MOE] if label in speculative(results) else [])
+        wanted = [TARGET_MOE] + ([DRAFT_MOE] if result.run.speculative else [])
         for prefix in wanted:
             if not any(layer.startswith(prefix) for layer in layers):
                 failures.append(
@@ -130,33 +184,63 @@ def check_moe_logs(results: dict) -> list[str]:
 
 @dataclass
 class Bars:
-    """sglang's accept lengths of the three speculative runs against the issue's bounds."""
+    """sglang's accept lengths of the speculative runs against the issue's bounds.
 
-    float: float
+    ``ceiling`` is the float draft's run, or without one (a one-folder run with no float
+    folder, ``--short``) the draft built quantized: the run the fixed one must come close to.
+    """
+
+    float: float | None
     stock: float
     fixed: float  # the plugin's run, or the feature branch's
+    quantized_draft: float | None = None
     fixed_label: str = "plugin"
     float_min: float = 2.0
     stock_max: float = 1.3
     plugin_share_min: float = 0.97
 
     @classmethod
-    def of(cls, results: dict) -> Bars:
-        labels = speculative(results)
-        values = [results[label].accept_length or 0.0 for label in labels]
-        return cls(*values, fixed_label=labels[2])
+    def of(cls, results: dict, float_min: float = 2.0) -> Bars:
+        def length(label: str) -> float | None:
+            return (results[label].accept_length or 0.0) if label in results else None
+
+        fixed = fixed_label(results)
+        return cls(
+            float=length("float"),
+            stock=length("stock") or 0.0,
+            fixed=length(fixed) or 0.0,
+            quantized_draft=length("quantized_draft"),
+            fixed_label=fixed,
+            float_min=float_min,
+        )
+
+    @property
+    def ceiling_label(self) -> str:
+        return "float" if self.float is not None else "quantized_draft"
+
+    @property
+    def ceiling(self) -> float:
+        value = self.float if self.float is not None else self.quantized_draft
+        assert value is not None, "a run needs a float or a quantized-draft run"
+        return value
 
     def failures(self) -> list[str]:
         out = []
-        if self.float < self.float_min:
-            out.append(f"float accept length {self.float:.3f} < {self.float_min}")
+        if self.ceiling < self.float_min:
+            out.append(f"{self.ceiling_label} accept length {self.ceiling:.3f} < {self.float_min}")
         if self.stock > self.stock_max:
             out.append(f"stock accept length {self.stock:.3f} > {self.stock_max}")
-        if self.fixed < self.plugin_share_min * self.float:
-            out.append(
-                f"{self.fixed_label} accept length {self.fixed:.3f} < {self.plugin_share_min} "
-                f"x float ({self.plugin_share_min * self.float:.3f})"
-            )
+        # the fixed run, and the draft built quantized when it is not the ceiling itself
+        checked = [(self.fixed_label, self.fixed)]
+        if self.quantized_draft is not None and self.ceiling_label != "quantized_draft":
+            checked.append(("quantized_draft", self.quantized_draft))
+        bound = self.plugin_share_min * self.ceiling
+        for label, value in checked:
+            if value < bound:
+                out.append(
+                    f"{label} accept length {value:.3f} < {self.plugin_share_min} x "
+                    f"{self.ceiling_label} ({bound:.3f})"
+                )
         return out
 
     def to_json(self) -> dict:

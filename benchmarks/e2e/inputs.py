@@ -2,7 +2,8 @@
 
 Usage::
 
-    check_target("/models/float"); check_draft("/models/w8a8")   # raise InputError, or pass
+    check_model("/models/w8a8")                                    # raise InputError, or pass
+    check_target("/models/float"); check_draft("/models/w8a8")   # the two-folder form
     prompts = heldout_prompts(4, 64)                               # byte ids of held-out text
 
 A missing folder, a folder without config.json or weights, or a draft with no quantized MTP
@@ -22,6 +23,7 @@ from safetensors import safe_open
 BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: the Qwen3.5 MTP head's checkpoint prefix (what the bundled and released checkpoints use)
 MTP_PREFIX = "mtp."
+DESCRIPTION = "quant_model_description.json"
 CODE_DTYPES = ("int8", "uint8", "int16", "int32", "float8_e4m3fn", "float8_e5m2")
 
 
@@ -42,27 +44,41 @@ def _weights(folder: str, role: str) -> list[str]:
     return files
 
 
-def check_target(folder: str) -> None:
+def check_target(folder: str, role: str = "TARGET") -> None:
     """The float checkpoint the servers serve (and whose own MTP head is the float draft)."""
-    files = _weights(folder, "TARGET")
+    files = _weights(folder, role)
     if not _mtp_dtypes(files):
         raise InputError(
-            f"TARGET {folder} has no {MTP_PREFIX}* tensors: the float draft run needs the "
+            f"{role} {folder} has no {MTP_PREFIX}* tensors: the float draft run needs the "
             "checkpoint's own MTP head"
+        )
+
+
+def check_model(folder: str) -> None:
+    """ONE ModelSlim folder, served with ``--quantization modelslim`` and its own MTP head."""
+    _quantized_mtp(folder, "MODEL")
+    if not os.path.isfile(os.path.join(folder, DESCRIPTION)):
+        raise InputError(
+            f"MODEL {folder} has no {DESCRIPTION}: sglang's --quantization modelslim reads the "
+            "tensor types from it; pass the folder msmodelslim wrote"
         )
 
 
 def check_draft(folder: str) -> None:
     """The quantized checkpoint whose MTP head is the draft of the stock and plugin runs."""
-    dtypes = _mtp_dtypes(_weights(folder, "DRAFT"))
+    _quantized_mtp(folder, "DRAFT")
+
+
+def _quantized_mtp(folder: str, role: str) -> None:
+    dtypes = _mtp_dtypes(_weights(folder, role))
     if not dtypes:
         raise InputError(
-            f"DRAFT {folder} has no {MTP_PREFIX}* tensors: pass a checkpoint that includes "
+            f"{role} {folder} has no {MTP_PREFIX}* tensors: pass a checkpoint that includes "
             "the MTP layer (a ModelSlim export of the same model)"
         )
     if not any(d in CODE_DTYPES for d in dtypes.values()):
         raise InputError(
-            f"DRAFT {folder}: every {MTP_PREFIX}* tensor is float: there is nothing for the "
+            f"{role} {folder}: every {MTP_PREFIX}* tensor is float: there is nothing for the "
             "plugin to dequantize; pass the ModelSlim-quantized folder"
         )
 

@@ -2,14 +2,15 @@
 
 Usage::
 
-    run = ServerRun("plugin", target="/models/float", draft="/models/w8a8", plugin=True)
+    run = ServerRun("plugin", "/m/w8a8", speculative=True, plugin=True, quantization="modelslim")
     with Server(run, log_dir=".cache/e2e") as server:      # waits for /health
         print(server.port, server.log_path)
     # here the server and every process it spawned are gone (also on Ctrl-C or an error)
 
-The command is ``python -m sglang.launch_server`` with EAGLE's flags, the draft built
-unquantized (``--speculative-draft-model-quantization unquant``), and the flags sglang needs
-on a CPU with no sgl-kernel (docs/results.md says why each is there). The environment adds
+The command is ``python -m sglang.launch_server`` with EAGLE's flags (the draft built
+unquantized, ``--speculative-draft-model-quantization unquant``, unless the run says
+``modelslim``), the target's ``--quantization`` and ``--tp-size`` if any, and the flags sglang
+needs on a CPU with no sgl-kernel (docs/results.md says why each is there). The environment adds
 ``TRITON_INTERPRET=1`` (sglang's Triton kernels run under Triton's interpreter) and this
 package's ``site/`` folder first on ``PYTHONPATH`` (the CPU shims, ``site/sitecustomize.py``);
 ``SGLANG_PLUGINS=none`` switches the plugin off the way sglang documents.
@@ -41,7 +42,7 @@ SPECULATIVE_FLAGS = (
     "--speculative-num-steps", "3",
     "--speculative-eagle-topk", "1",
     "--speculative-num-draft-tokens", "4",
-    "--speculative-draft-model-quantization", "unquant",
+    "--speculative-draft-model-quantization",  # then ServerRun.draft_quantization
 )  # fmt: skip
 #: sglang on a CPU without sgl-kernel (docs/results.md, "What was real")
 CPU_FLAGS = (
@@ -56,13 +57,20 @@ CPU_FLAGS = (
     "--disable-radix-cache",
     "--mem-fraction-static", "0.05",
     "--max-total-tokens", "8192",
-    "--max-running-requests", "4",
+    "--max-running-requests", "8",
     "--context-length", "1024",
     "--chunked-prefill-size", "1024",
     "--random-seed", "0",
 )  # fmt: skip
 
 
+#: the variables a shell line of a run shows (the rest is the caller's environment)
+SHOWN_ENVIRONMENT = (
+    "TRITON_INTERPRET",
+    "PYTHONPATH",
+    "SGLANG_PLUGINS",
+    "SGLANG_CPU_OMP_THREADS_BIND",
+)
 #: set in every server process's environment to its log's path: children inherit it, so any
 #: process of a server can be found (tests check that none outlives its run)
 RUN_MARK = "SGLANG_MTP_DEQUANT_E2E_SERVER_LOG"
@@ -74,22 +82,52 @@ class ServerError(RuntimeError):
 
 @dataclass(frozen=True)
 class ServerRun:
-    """One server of the comparison: what it serves and whether the plugin is on."""
+    """One server of the comparison: what it serves, how, and whether the plugin is on."""
 
     label: str
     target: str
-    draft: str | None  # None: no speculative decoding (the reference run)
+    #: EAGLE with the target's MTP head (False: the reference run, no speculative decoding)
+    speculative: bool
     plugin: bool
+    #: ``--speculative-draft-model-path``; None: no draft path, sglang drafts with the target
+    #: folder's own MTP head (the user's launch of one ModelSlim folder)
+    draft: str | None = None
+    #: ``--quantization`` of the target (``modelslim``: one ModelSlim folder as users serve it)
+    quantization: str | None = None
+    #: ``--speculative-draft-model-quantization``: ``unquant`` (what the plugin serves) or
+    #: ``modelslim`` (the draft built quantized, through the same kernels as the target)
+    draft_quantization: str = "unquant"
+    tp_size: int = 1
     #: an sglang source tree's ``python/`` put before the installed sglang (the feature
     #: branch, ``make upstream-tree``); None: the installed sglang
     sglang_path: str | None = None
 
+    @property
+    def draft_folder(self) -> str | None:
+        """The folder the draft's weights come from (None without speculative decoding)."""
+        if not self.speculative:
+            return None
+        return self.draft or self.target
+
     def command(self, port: int) -> list[str]:
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.target]
         cmd += ["--host", "127.0.0.1", "--port", str(port), *CPU_FLAGS]
-        if self.draft is not None:
-            cmd += [*SPECULATIVE_FLAGS, "--speculative-draft-model-path", self.draft]
+        if self.quantization is not None:
+            cmd += ["--quantization", self.quantization]
+        if self.tp_size != 1:
+            cmd += ["--tp-size", str(self.tp_size)]
+        if self.speculative:
+            cmd += [*SPECULATIVE_FLAGS, self.draft_quantization]
+            if self.draft is not None:
+                cmd += ["--speculative-draft-model-path", self.draft]
         return cmd
+
+    def shell_command(self, port: int) -> str:
+        """The command as a shell line, with the environment it runs in beyond the caller's
+        (what docs/results.md shows for each run)."""
+        env = self.environment()
+        shown = [f"{k}={env[k]}" for k in SHOWN_ENVIRONMENT if k in env]
+        return " ".join([*shown, "python", *self.command(port)[1:]])
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -98,6 +136,13 @@ class ServerRun:
         # runs this harness with the branch's tree on it) must not reach the stock server
         env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE, self.sglang_path) if p)
         env.pop("SGLANG_USE_CPU_ENGINE", None)  # needs sgl-kernel's CPU build (docs)
+        if self.tp_size != 1:
+            # sglang's CPU rank start-up binds each rank's OpenMP threads to the cores this
+            # names (utils/numa_utils.py); one core per rank, ranks split by '|'
+            cores = sorted(os.sched_getaffinity(0))
+            env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(
+                str(cores[rank % len(cores)]) for rank in range(self.tp_size)
+            )
         if self.plugin:
             env.pop("SGLANG_PLUGINS", None)
         else:
@@ -119,6 +164,21 @@ def port_in_use(port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+#: how the plugin's own messages start (its INFO lines and its guard's refusals)
+PLUGIN_PREFIX = "sglang-mtp-dequant:"
+
+
+def plugin_messages(path: str, limit: int = 10) -> str:
+    """The plugin's own lines in a server's log (a refusal names the tensor and what to do),
+    or "" if it said nothing."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            found = [line for line in handle if PLUGIN_PREFIX in line]
+    except OSError:
+        return ""
+    return "".join(found[-limit:])
 
 
 def log_tail(path: str, lines: int = 25) -> str:
@@ -182,9 +242,11 @@ class Server:
         while time.monotonic() < deadline:
             code = self.process.poll()
             if code is not None:
+                said = plugin_messages(self.log_path)
                 raise ServerError(
                     f"the {self.run.label} server exited with status {code} during start-up; "
-                    f"log {self.log_path}, last lines:\n{log_tail(self.log_path)}"
+                    + (f"the plugin said:\n{said}" if said else "")
+                    + f"log {self.log_path}, last lines:\n{log_tail(self.log_path)}"
                 )
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:

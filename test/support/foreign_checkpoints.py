@@ -77,7 +77,6 @@ def compressed_tensors_checkpoint(dest: str, preset: str) -> str:
         apply_quantization_config,
         preset_name_to_scheme,
     )
-    from compressed_tensors.quantization.utils import calculate_qparams
 
     dest = str(dest)
     tensors, path = _float_fixture(dest)
@@ -99,32 +98,8 @@ def compressed_tensors_checkpoint(dest: str, preset: str) -> str:
         scheme.weights.group_size = 32  # the fixture's projections are 64 wide
     config = QuantizationConfig(config_groups={"group_0": scheme}, format=FORMATS[preset])
     apply_quantization_config(root, config)
-    args = scheme.weights
-    strategy = str(getattr(args.strategy, "value", args.strategy))
     for name in names:
-        module = root.get_submodule(name)
-        w = module.weight.detach()
-        if strategy in ("group", "tensor_group"):
-            grouped = w.reshape(w.shape[0], -1, args.group_size)
-            low, high = grouped.amin(-1), grouped.amax(-1)
-        elif strategy == "channel":
-            low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
-        else:
-            low, high = w.amin().reshape(1), w.amax().reshape(1)
-        global_scale = None
-        if hasattr(module, "weight_global_scale"):
-            from compressed_tensors.quantization.utils.helpers import generate_gparam
-
-            global_scale = generate_gparam(w.amin(), w.amax())
-            module.weight_global_scale.data.copy_(global_scale)
-        kwargs = {"global_scale": global_scale} if global_scale is not None else {}
-        scale, zero = calculate_qparams(low, high, args, **kwargs)
-        module.weight_scale.data = scale.to(module.weight_scale.dtype).reshape(
-            module.weight_scale.shape
-        )
-        module.weight_zero_point.data = zero.to(module.weight_zero_point.dtype).reshape(
-            module.weight_zero_point.shape
-        )
+        calibrate_minmax(root.get_submodule(name), scheme.weights)
     compressor = ModelCompressor(quantization_config=config)
     compressor.compress_model(root)
     state = {k: v.contiguous() for k, v in root.state_dict().items()}
@@ -133,6 +108,38 @@ def compressed_tensors_checkpoint(dest: str, preset: str) -> str:
     quantization["quant_method"] = "compressed-tensors"
     _write_config(dest, quantization)
     return dest
+
+
+def calibrate_minmax(module: torch.nn.Module, args) -> None:
+    """Min/max weight observers (llm-compressor's default ``minmax``) for one module the
+    library set up, through its own ``calculate_qparams`` / ``generate_gparam``; also used by
+    ``fixtures/compressed_tensors/_gen/make_ct_fixtures.py``."""
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from compressed_tensors.quantization.utils.helpers import generate_gparam
+
+    w = module.weight.detach()
+    strategy = str(getattr(args.strategy, "value", args.strategy))
+    if strategy in ("group", "tensor_group"):
+        grouped = w.reshape(w.shape[0], -1, args.group_size)
+        low, high = grouped.amin(-1), grouped.amax(-1)
+    elif strategy == "channel":
+        low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+    else:
+        low, high = w.amin().reshape(1), w.amax().reshape(1)
+    kwargs = {}
+    if hasattr(module, "weight_global_scale"):
+        global_scale = generate_gparam(w.amin(), w.amax())
+        module.weight_global_scale.data.copy_(
+            global_scale.reshape(module.weight_global_scale.shape)
+        )
+        kwargs["global_scale"] = global_scale
+    scale, zero = calculate_qparams(low, high, args, **kwargs)
+    module.weight_scale.data = scale.to(module.weight_scale.dtype).reshape(
+        module.weight_scale.shape
+    )
+    module.weight_zero_point.data = zero.to(module.weight_zero_point.dtype).reshape(
+        module.weight_zero_point.shape
+    )
 
 
 def modelopt_nvfp4_checkpoint(dest: str) -> str:

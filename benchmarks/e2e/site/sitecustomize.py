@@ -4,7 +4,8 @@ The end-to-end harness (``benchmarks/e2e_server.py``) puts this folder first on
 ``PYTHONPATH`` of the servers it starts, so Python runs this file at start-up in the launcher
 and in every process sglang spawns (scheduler, tokenizer, detokenizer). It is never on the
 path of anything else, and never part of the plugin. Each shim covers what a CPU-only machine
-lacks; none replaces attention, matmul, sampling or acceptance code:
+lacks; none replaces sglang's own attention, linear, sampling or acceptance code (5 supplies two
+Ascend kernels sglang calls, computing what they compute):
 
 1. torchvision: PyPI's wheel is a CUDA build whose import fails beside CPU torch; only then
    its two operator schemas are defined (``sglang_mtp_dequant.tools.cpu_env``).
@@ -24,26 +25,33 @@ lacks; none replaces attention, matmul, sampling or acceptance code:
    layer (``model.layers.N.mlp.experts`` of the target, ``mtp.layers.0.mlp.experts`` of the
    MTP draft), which the harness requires of the MoE family, so a MoE run shows that the
    draft's routed experts ran. The call itself is passed through unchanged.
+5. The Ascend kernels of sglang's ModelSlim W8A8_DYNAMIC linear method
+   (``torch.ops.npu.npu_dynamic_quant`` / ``npu_quant_matmul``), registered for the CPU with
+   ``torch.library`` (``e2e_shim_npu_ops.py``), so a ModelSlim folder can be the target.
+6. Two NPU-platform conditions of sglang's ModelSlim path (``e2e_shim_modelslim.py``): float32
+   accepted by ``ModelSlimConfig``, and ``_get_quantization_config`` run with the loader's
+   ``_is_npu`` set, so sglang's own NPU packed-module mapping applies.
+7. The Gated DeltaNet kernels' platform checks under the interpreter (``e2e_shim_gdn.py``).
+
+Each of 5-7 announces its first use (``e2e_shim_hooks.say``) and the harness requires the
+lines of every server that needs it (``benchmarks/e2e/checks.py``).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
-import os
 import sys
 
-MARK = "sglang-mtp-dequant e2e shim:"
+import e2e_shim_gdn
+import e2e_shim_modelslim
+import e2e_shim_npu_ops
+from e2e_shim_hooks import after_import, say
+
 SPEC_TREE = "sglang.kernels.ops.speculative.spec_tree"
 #: the Triton implementations the XPU branch calls, each announced on its first call
 TRITON_TREE_FUNCTIONS = ("sgl_build_tree_kernel_triton", "verify_tree_greedy_triton")
 MOE_NATIVE = "sglang.srt.layers.moe.fused_moe_native"
 MOE_FUNCTION = "moe_forward_native"
-
-
-def _say(message: str) -> None:
-    print(f"{MARK} {message} (pid {os.getpid()})", file=sys.stderr, flush=True)
 
 
 def _announce_first_call(module, name: str) -> None:
@@ -54,7 +62,7 @@ def _announce_first_call(module, name: str) -> None:
     def announced(*args, **kwargs):
         if not called:
             called.append(True)
-            _say(f"{SPEC_TREE}.{name} ran")
+            say(f"{SPEC_TREE}.{name} ran")
         return original(*args, **kwargs)
 
     setattr(module, name, announced)
@@ -70,7 +78,7 @@ def _announce_first_call_per_layer(module, name: str) -> None:
         layer_name = getattr(layer, "layer_name", "?")
         if layer_name not in seen:
             seen.add(layer_name)
-            _say(f"{module.__name__}.{name} ran for {layer_name}")
+            say(f"{module.__name__}.{name} ran for {layer_name}")
         return original(layer, *args, **kwargs)
 
     setattr(module, name, announced)
@@ -80,34 +88,11 @@ def _route_spec_tree(module) -> None:
     module._is_xpu = True
     for name in TRITON_TREE_FUNCTIONS:
         _announce_first_call(module, name)
-    _say(f"{SPEC_TREE} routed to sglang's Triton tree kernels (_is_xpu = True)")
+    say(f"{SPEC_TREE} routed to sglang's Triton tree kernels (_is_xpu = True)")
 
 
 def _observe_moe(module) -> None:
     _announce_first_call_per_layer(module, MOE_FUNCTION)
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """After one of ``actions``' modules executes, apply its action to it."""
-
-    def __init__(self, actions) -> None:
-        self.actions = actions
-
-    def find_spec(self, fullname, path, target=None):
-        action = self.actions.get(fullname)
-        if action is None:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_and_act(module):
-            exec_module(module)
-            action(module)
-
-        spec.loader.exec_module = exec_and_act
-        return spec
 
 
 def _install() -> None:
@@ -115,7 +100,11 @@ def _install() -> None:
 
     ensure_torchvision_importable()
     sys.modules.update(vllm_placeholder())
-    sys.meta_path.insert(0, _AfterImport({SPEC_TREE: _route_spec_tree, MOE_NATIVE: _observe_moe}))
+    after_import(SPEC_TREE, _route_spec_tree)
+    after_import(MOE_NATIVE, _observe_moe)
+    e2e_shim_npu_ops.install()
+    e2e_shim_modelslim.install()
+    e2e_shim_gdn.install()
 
 
 _install()

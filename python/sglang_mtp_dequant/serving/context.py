@@ -9,8 +9,9 @@ Usage::
     context.draft_launch()                          # the draft's path, revision, --download-dir
 
 Why one module: the hooks (``plugin.py``), the Ray set-up (``ray_setup.py``) and the CLI all
-need these facts, and each used to keep or re-derive its own copy (and import the others to
-get at it). This module imports no other module of the package, so anything can import it.
+need these facts, and one copy of them keeps them agreeing. It imports only ``formats/`` at
+run time (the draft-load record only for type checking), so any ``serving/`` module can
+import it.
 """
 
 from __future__ import annotations

@@ -7,10 +7,9 @@ Usage::
     load.sources()                          # every draft tensor as it streamed: dtype, file, type
     load.summary()                          # the INFO line, or None when nothing was decoded
 
-Why a record: a draft load used to be passed on as a stream object the guard read through
-``getattr`` (``stream.plan``, ``stream.streamed``), and the benchmarks subclassed the stream
-only to reach its statistics. One typed value, made once by the hook when sglang's
-``load_weights`` returns, is what every reader takes instead.
+Why a record: the guard, the log line, the CLI and the benchmarks all read the same facts of a
+load; one typed value, made once by the hook when sglang's ``load_weights`` returns, is what
+each of them takes.
 """
 
 from __future__ import annotations

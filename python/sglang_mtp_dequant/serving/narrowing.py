@@ -49,9 +49,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress
 
-from ..errors import SettingError
 from ..formats.checkpoint import header_names, index_shards
 from ..formats.config import read_json
+from .settings import env_choice
 
 NARROW_ENV = "SGLANG_MTP_DEQUANT_NARROW"
 _SETTINGS = {"on": True, "1": True, "off": False, "0": False}
@@ -62,14 +62,7 @@ NameRule = Callable[[str], bool]
 
 def narrowing_enabled() -> bool:
     """``SGLANG_MTP_DEQUANT_NARROW``: ``on`` (default) or ``off``; a typo stops the start-up."""
-    raw = os.environ.get(NARROW_ENV, "on").strip().lower() or "on"
-    if raw not in _SETTINGS:
-        raise SettingError(
-            setting=NARROW_ENV,
-            problem=f"{NARROW_ENV}={os.environ.get(NARROW_ENV)!r} is not one of on, off",
-            hint="set it to on or off, or unset it (on)",
-        )
-    return _SETTINGS[raw]
+    return _SETTINGS[env_choice(NARROW_ENV, "on", ("on", "off", "1", "0"))]
 
 
 @dataclass(frozen=True)

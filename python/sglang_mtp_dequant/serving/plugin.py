@@ -33,6 +33,7 @@ import contextvars
 import importlib
 import importlib.util
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -131,17 +132,24 @@ def bypassed() -> Iterator[None]:
         _BYPASS.reset(token)
 
 
-#: the module sglang's own fix adds (upstream/series/): where it exists, sglang dequantizes
-#: ModelSlim draft weights itself and the plugin steps aside
+#: the module sglang's own fix adds for every draft class (upstream/stack/): where it exists,
+#: sglang dequantizes ModelSlim draft weights itself and the plugin steps aside
 UPSTREAM_FIX = "sglang.srt.layers.quantization.modelslim.modelslim_draft"
+#: what the first pull request alone (upstream/series/) defines in the module of the
+#: ``load_weights`` it fixes (Qwen3.5's MTP, which Qwen4-Exp inherits)
+UPSTREAM_FIX_MARKER = "ModelSlimDraftWeightError"
 
 
-def sglang_dequantizes_drafts() -> bool:
-    """Whether this sglang has the fix itself (feature-detected, not by version)."""
+def sglang_dequantizes_drafts(load_weights: Any = None) -> bool:
+    """Whether this sglang has the fix itself (feature-detected, not by version): for every
+    draft class, or for the one whose (unwrapped) ``load_weights`` is given."""
     try:
-        return importlib.util.find_spec(UPSTREAM_FIX) is not None
+        if importlib.util.find_spec(UPSTREAM_FIX) is not None:
+            return True
     except ImportError:
-        return False
+        pass
+    module = sys.modules.get(getattr(load_weights, "__module__", None) or "")
+    return module is not None and hasattr(module, UPSTREAM_FIX_MARKER)
 
 
 def make_load_weights_hook(spec: DraftSpec) -> Callable[..., Any]:
@@ -154,11 +162,11 @@ def make_load_weights_hook(spec: DraftSpec) -> Callable[..., Any]:
                 return load_quantized_draft(
                     original, spec, model, weights, DraftPlanner, narrowed, *args, **kwargs
                 )
-            if sglang_dequantizes_drafts():
+            if sglang_dequantizes_drafts(original):
                 logger.info(
                     "sglang-mtp-dequant: this sglang dequantizes ModelSlim draft weights itself "
                     "(%s); the plugin leaves the %s draft load to it",
-                    UPSTREAM_FIX,
+                    getattr(original, "__module__", UPSTREAM_FIX),
                     spec.class_name,
                 )
                 result = original(model, weights, *args, **kwargs)

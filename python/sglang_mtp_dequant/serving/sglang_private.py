@@ -187,6 +187,18 @@ LEDGER: tuple[Private, ...] = (
         remove_when="sglang exposes the draft's quantization decision as a function",
     ),
     Private(
+        name=f"{_LOADER}._is_npu",
+        why="_get_quantization_config adds the nested packed-module mapping that "
+        "ModelSlimConfig.get_quant_method reads for the fused qkv_proj / gate_up_proj only when "
+        "it is True; off NPU those layers get no ModelSlim scheme and take the raw int8 codes "
+        "as weights, so a quantized ModelSlim draft checked on a CPU box must be built with it",
+        how="answers True while the CPU tools build (or load) a draft as on NPU "
+        "(tools/cpu_env.npu_quantization_rule); that function's only other use of it skips the "
+        "CUDA capability check, which a CPU does not need",
+        read_in="0.5.23",
+        remove_when="sglang applies its packed-module mapping on every platform",
+    ),
+    Private(
         name="sglang.srt.plugins._get_excluded_dists",
         why="the CLI tells the user whether sglang would load this plugin in their environment "
         "(SGLANG_PLATFORM excludes the plugins of unselected platform packages)",
@@ -345,6 +357,19 @@ NPU_RULE_MODULES = tuple(
     f"sglang.srt.models.{m}"
     for m in ("qwen3_5_mtp", "qwen3_next_mtp", "glm4_moe_nextn", "glm4_moe_lite_nextn")
 )
+
+
+def loader_is_npu() -> bool:
+    """The ``_is_npu`` sglang's model loader module read at import."""
+    import sglang.srt.model_loader.loader as loader
+
+    return bool(loader._is_npu)
+
+
+def set_loader_is_npu(value: bool) -> None:
+    import sglang.srt.model_loader.loader as loader
+
+    loader._is_npu = value
 
 
 def draft_module_is_npu(module: Any) -> Any:

@@ -177,13 +177,35 @@ def generic_rope_on_cpu() -> Iterator[None]:
         sglang_private.set_cpu_rope_builder(real)
 
 
+def _packed_module_mappings() -> list[tuple[dict, dict]]:
+    """Every ``packed_modules_mapping`` dict of sglang's model classes, with a copy of it.
+
+    The loader's NPU branch updates the draft class's own dict in place, so without a restore
+    a build as on NPU would change every later build of the class in this process."""
+    import sys
+
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("sglang.srt.models.") or module is None:
+            continue
+        for value in list(vars(module).values()):
+            # the class's own __dict__: attribute access on transformers' placeholder classes
+            # imported into these modules raises
+            if isinstance(value, type) and value.__module__ == name:
+                mapping = value.__dict__.get("packed_modules_mapping")
+                if isinstance(mapping, dict):
+                    found[id(mapping)] = (mapping, dict(mapping))
+    return list(found.values())
+
+
 @contextlib.contextmanager
 def npu_quantization_rule() -> Iterator[None]:
-    """While a draft is built, the draft classes' own quantization rule answers as on NPU
-    (the platform this plugin serves): Qwen3.5/3.6, Qwen3-Next, GLM-4.5 and GLM-4.7-Flash
-    drafts are built unquantized on NPU whenever the draft quantization is unset. Only that
-    clause reads the module's ``is_npu`` while the class is built (the others are in
-    ``forward``), so nothing else of the build changes."""
+    """While a draft is built, sglang's quantization decisions answer as on NPU (the platform
+    this plugin serves): the draft classes' own rule builds Qwen3.5/3.6, Qwen3-Next, GLM-4.5
+    and GLM-4.7-Flash drafts unquantized whenever the draft quantization is unset, and the
+    loader gives a ModelSlim-quantized draft the packed-module mapping that maps its fused
+    ``qkv_proj`` / ``gate_up_proj`` to their schemes. Only those clauses read the flags while
+    the class is built (the others are in ``forward``), so nothing else of the build changes."""
     import importlib
 
     from ..serving import sglang_private
@@ -193,8 +215,15 @@ def npu_quantization_rule() -> Iterator[None]:
         module = importlib.import_module(path)
         saved.append((module, sglang_private.draft_module_is_npu(module)))
         sglang_private.set_draft_module_is_npu(module, lambda: True)
+    loader_was_npu = sglang_private.loader_is_npu()
+    sglang_private.set_loader_is_npu(True)
+    mappings = _packed_module_mappings()
     try:
         yield
     finally:
+        for mapping, before in mappings:
+            mapping.clear()
+            mapping.update(before)
+        sglang_private.set_loader_is_npu(loader_was_npu)
         for module, function in saved:
             sglang_private.set_draft_module_is_npu(module, function)

@@ -25,14 +25,13 @@ draft class skipped), and what to do.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import torch
 
-from ...errors import SettingError
 from ..plain_parts import meant_for, quant_owned
+from ..settings import env_choice
 from .report import (
     MODE_ENV,
     Finding,
@@ -62,14 +61,7 @@ __all__ = [
 
 def guard_mode() -> str:
     """The mode from ``SGLANG_MTP_DEQUANT_GUARD``; a typo stops the start-up, not the guard."""
-    raw = os.environ.get(MODE_ENV, "error").strip().lower() or "error"
-    if raw not in MODES:
-        raise SettingError(
-            setting=MODE_ENV,
-            problem=f"{MODE_ENV}={os.environ.get(MODE_ENV)!r} is not one of {', '.join(MODES)}",
-            hint="set it to one of those, or unset it (error)",
-        )
-    return raw
+    return env_choice(MODE_ENV, "error", MODES)
 
 
 def inspect_parameters(

@@ -5,7 +5,7 @@ Usage::
     report = diagnose("/models/Qwen3.5-27B-w8a8")          # a folder, a snapshot, a hub id
     report = diagnose("acme/Qwen3.5-27B-w8a8", download_dir="/data/hub", revision="main")
     print(render_text(report))              # a table, the verdict last
-    print(json.dumps(report.to_json()))     # {"schema_version": 2, "verdict": "ok"|"error", ...}
+    print(json.dumps(report.to_json()))     # {"schema_version": SCHEMA_VERSION, "verdict": ...}
     sys.exit(0 if report.verdict == "ok" else 1)
 
 Why it exists: the bug this package fixes is silent (stock sglang serves raw int8 codes and

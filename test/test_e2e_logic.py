@@ -1,0 +1,256 @@
+"""The end-to-end harness's own logic, without sglang: which servers a run starts and against
+which reference, what its bounds and log checks accept, and how requests are sent.
+
+The servers themselves run in ``make e2e`` / ``make e2e-short`` / ``make e2e-hybrid``; a fake
+``/generate`` endpoint (a thread on a loopback port) stands in for one here, so the load and
+alternation code is tested for what it sends and how it orders and counts the answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from e2e import checks, load, plan  # noqa: E402
+from e2e.client import Generation  # noqa: E402
+from e2e.server import ServerRun  # noqa: E402
+
+
+def test_the_one_folder_plan_is_the_users_launch():
+    p = plan.one_folder_plan("/m/w8a8", "/m/float")
+    assert p.labels() == [
+        "plugin",
+        "float",
+        "stock",
+        "quantized_draft",
+        "reference",
+        "float_reference",
+    ]
+    runs = {r.label: r for r in p.runs}
+    for label in ("plugin", "stock", "quantized_draft", "reference"):
+        run = runs[label]
+        assert run.target == "/m/w8a8" and run.quantization == "modelslim" and run.draft is None
+    assert runs["quantized_draft"].draft_quantization == "modelslim"
+    assert runs["plugin"].draft_quantization == "unquant" and runs["plugin"].plugin
+    assert not runs["stock"].plugin and not runs["reference"].speculative
+    assert runs["float"].target == "/m/float" and runs["float"].quantization is None
+    assert p.reference_of == {
+        "plugin": "reference",
+        "stock": "reference",
+        "quantized_draft": "reference",
+        "float": "float_reference",
+    }
+    assert p.paired == ("plugin", "float") and p.draft_folder == "/m/w8a8"
+    cmd = runs["plugin"].command(1234)
+    assert cmd[cmd.index("--quantization") + 1] == "modelslim"
+    assert "--speculative-draft-model-path" not in cmd
+    assert cmd[cmd.index("--speculative-draft-model-quantization") + 1] == "unquant"
+    assert "--speculative-algorithm" not in runs["reference"].command(1234)
+
+
+def test_without_a_float_folder_or_in_short_there_is_no_float_run():
+    for p in (
+        plan.one_folder_plan("/m/w8a8", None),
+        plan.one_folder_plan("/m/w8a8", "/f", short=True),
+    ):
+        assert p.labels() == ["plugin", "stock", "quantized_draft", "reference"]
+        assert p.paired == () and "float" not in p.reference_of
+
+
+def test_tp_size_reaches_every_command_and_binds_one_core_per_rank():
+    p = plan.one_folder_plan("/m/w8a8", "/m/float", tp_size=2)
+    for run in p.runs:
+        cmd = run.command(1)
+        assert cmd[cmd.index("--tp-size") + 1] == "2"
+        bind = run.environment()["SGLANG_CPU_OMP_THREADS_BIND"]
+        assert len(bind.split("|")) == 2
+    assert (
+        "SGLANG_CPU_OMP_THREADS_BIND" not in plan.one_folder_plan("/m", None).runs[0].environment()
+    )
+
+
+def test_the_two_folder_plan_keeps_the_feature_branch_form():
+    p = plan.two_folder_plan("/m/float", "/m/w8a8", upstream_tree="/tree")
+    assert p.labels() == ["reference", "float", "stock", "branch"]
+    runs = {r.label: r for r in p.runs}
+    assert runs["stock"].sglang_path is None and runs["branch"].sglang_path == "/tree/python"
+    assert not any(r.plugin for r in p.runs)
+    assert runs["branch"].command(1)[-2:] == ["--speculative-draft-model-path", "/m/w8a8"]
+    assert runs["float"].draft == "/m/float"
+
+
+def result(
+    label: str, length: float | None, tokens=(1, 2, 3), log: str = "", **run
+) -> SimpleNamespace:
+    """A fake ``RunResult``: its run, one generation, its accept length, its log file."""
+    speculative = run.pop("speculative", length is not None)
+    server_run = ServerRun(label, "/m", speculative=speculative, plugin=True, **run)
+    return SimpleNamespace(
+        run=server_run,
+        accept_length=length,
+        generations=[Generation(list(tokens), {k: 0 for k in ("spec_verify_ct",)})],
+        log_path=log,
+    )
+
+
+def test_bars_take_the_float_run_as_ceiling_or_else_the_quantized_draft():
+    full = {
+        "float": result("float", 2.4),
+        "stock": result("stock", 1.1),
+        "plugin": result("plugin", 2.4),
+        "quantized_draft": result("quantized_draft", 2.2),
+    }
+    bars = checks.Bars.of(full)
+    assert bars.ceiling_label == "float"
+    assert bars.failures() == ["quantized_draft accept length 2.200 < 0.97 x float (2.328)"]
+    short = {k: v for k, v in full.items() if k != "float"}
+    bars = checks.Bars.of(short)
+    assert bars.ceiling_label == "quantized_draft" and bars.ceiling == 2.2
+    assert bars.failures() == []
+    short["stock"] = result("stock", 1.5)
+    assert checks.Bars.of(short).failures() == ["stock accept length 1.500 > 1.3"]
+    assert (
+        checks.Bars.of(short, float_min=2.5)
+        .failures()[0]
+        .startswith("quantized_draft accept length 2.200 < 2.5")
+    )
+
+
+def test_outputs_are_checked_against_each_runs_own_reference():
+    results = {
+        "reference": result("reference", None, (1, 2, 3)),
+        "float_reference": result("float_reference", None, (1, 2, 4)),
+        "plugin": result("plugin", 2.0, (1, 2, 3)),
+        "float": result("float", 2.0, (1, 2, 4)),
+    }
+    reference_of = {"plugin": "reference", "float": "float_reference"}
+    assert checks.check_outputs(results, reference_of, ("spec_verify_ct",)) == []
+    results["float"] = result("float", 2.0, (1, 2, 3))
+    (failure,) = checks.check_outputs(results, reference_of, ("spec_verify_ct",))
+    assert failure.startswith("float: prompt 0 differs from the float_reference run from token 2")
+
+
+def write_log(tmp_path, name: str, *lines: str) -> str:
+    path = tmp_path / f"{name}.log"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+PLUGIN_INFO = "sglang-mtp-dequant: Qwen3_5ForCausalLMMTP draft from /m: dequantized 7 tensors (x)"
+TREE = [
+    f"{checks.SHIM_MARK} sglang.kernels.ops.speculative.spec_tree.{k}" for k in checks.TREE_KERNELS
+]
+
+
+def test_the_plugin_line_is_required_once_per_rank(tmp_path):
+    one = write_log(tmp_path, "one", PLUGIN_INFO, *TREE)
+    two = write_log(tmp_path, "two", PLUGIN_INFO, PLUGIN_INFO, *TREE)
+    quiet = write_log(tmp_path, "quiet", *TREE)
+    for log, tp, failing in ((one, 1, False), (one, 2, True), (two, 2, False)):
+        results = {
+            "plugin": result("plugin", 2.0, log=log, tp_size=tp),
+            "quantized_draft": result("quantized_draft", 2.0, log=quiet),
+        }
+        failures = checks.check_logs(results, "/m")
+        assert bool(failures) == failing, failures
+    results = {
+        "plugin": result("plugin", 2.0, log=one),
+        "quantized_draft": result("quantized_draft", 2.0, log=one),
+    }
+    assert checks.check_logs(results, "/m") == [
+        f"quantized_draft: the fix dequantized something: {[('Qwen3_5ForCausalLMMTP', '/m', '7')]}"
+    ]
+
+
+def test_every_stand_in_a_server_needs_must_announce_itself(tmp_path):
+    lines = [f"{checks.SHIM_MARK} {line} (pid 1)" for line in checks.MODELSLIM_SHIM_LINES]
+    complete = write_log(tmp_path, "complete", *lines)
+    partial = write_log(tmp_path, "partial", *lines[:-1])
+    float_run = write_log(tmp_path, "float")
+    results = {
+        "plugin": result("plugin", 2.0, log=complete, quantization="modelslim"),
+        "quantized_draft": result(
+            "quantized_draft", 2.0, log=partial, draft_quantization="modelslim"
+        ),
+        "float": result("float", 2.0, log=float_run),
+    }
+    (failure,) = checks.check_shims(results)
+    assert failure.startswith("quantized_draft: CPU stand-ins that did not announce themselves")
+    assert "npu_quant_matmul" in failure
+    gdn = [f"{checks.SHIM_MARK} gdn fix {fix}: ..." for fix in checks.GDN_FIXES]
+    hybrid_ref = write_log(tmp_path, "hybrid_ref", *gdn)
+    hybrid_spec = write_log(tmp_path, "hybrid_spec", *gdn)
+    results = {
+        "float_reference": result("float_reference", None, log=hybrid_ref),
+        "float": result("float", 2.0, log=hybrid_spec),
+    }
+    (failure,) = checks.check_shims(results, hybrid=True)
+    assert failure.startswith("float:") and "scatter-device-check" in failure
+
+
+class FakeSglang(BaseHTTPRequestHandler):
+    """``/generate`` answering ``prompt[0]`` repeated, after ``prompt[1]`` milliseconds."""
+
+    received: list[tuple[int, list[int]]] = []
+    lock = threading.Lock()
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        prompt = body["input_ids"]
+        with self.lock:
+            FakeSglang.received.append((self.server.server_port, prompt))
+        time.sleep(prompt[1] / 1000)
+        tokens = body["sampling_params"]["max_new_tokens"]
+        answer = {"output_ids": [prompt[0]] * tokens, "meta_info": {"completion_tokens": tokens}}
+        data = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fake_servers():
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), FakeSglang) for _ in range(2)]
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
+    for thread in threads:
+        thread.start()
+    FakeSglang.received = []
+    yield [f"http://127.0.0.1:{s.server_port}" for s in servers]
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_concurrent_requests_are_sent_together_and_returned_in_prompt_order(fake_servers):
+    prompts = [[token, 300 - 30 * token] for token in range(8)]  # the first answers last
+    started = time.perf_counter()
+    generations = load.concurrent(fake_servers[0], prompts, 4)
+    seconds = time.perf_counter() - started
+    assert [g.output_ids for g in generations] == [[t] * 4 for t in range(8)]
+    assert seconds < 0.3 * 8 / 2  # together: about the slowest one, not the sum (2.2 s)
+
+
+def test_alternated_rounds_send_each_prompt_to_both_servers_in_rotating_order(fake_servers):
+    urls = {"plugin": fake_servers[0], "float": fake_servers[1]}
+    prompts = [[1, 5], [2, 5], [3, 5]]
+    pairing = load.alternated(urls, prompts, 6, rounds=2)
+    ports = [int(u.rsplit(":", 1)[1]) for u in fake_servers]
+    order = [(ports.index(port), prompt[0]) for port, prompt in FakeSglang.received]
+    assert order == [(0, 1), (1, 1), (1, 2), (0, 2), (0, 3), (1, 3)] * 2
+    assert [r["plugin"]["tokens"] for r in pairing.rounds] == [18, 18]
+    assert len(pairing.generations("float")) == 2
+    ratio = pairing.ratio("plugin", "float")
+    assert len(ratio["rounds"]) == 2 and ratio["min"] <= ratio["median"] <= ratio["max"]
