@@ -54,6 +54,7 @@ from support.sharded import write_sharded  # noqa: E402
 FIXTURE = "q35_dense_w8a8_dynamic"
 TARGET_SHARDS = 4
 GOAL_AT = 200_000
+KINDS = ("stock", "plugin")
 
 
 def write_checkpoint(folder: str, targets: int) -> int:
@@ -104,7 +105,7 @@ def check_plugin_load(model, reference: dict, files: int) -> str:
 
 
 def measure(folder: str, files: int, reps: int, reference: dict) -> dict:
-    times: dict[str, list[float]] = {"stock": [], "plugin": []}
+    times: dict[str, list[float]] = {kind: [] for kind in KINDS}
     said = ""
     for rep in range(reps):
         for plugin in (False, True) if rep % 2 == 0 else (True, False):
@@ -176,6 +177,13 @@ def main() -> int:
         f"at {at:,} target tensors the plugin's draft load is {ratio:.2f}x stock's (goal <= 0.4); "
         f"at {last:,} it is {flat:.2f}x the plugin's load at {args.targets[0]:,} (flat: ~1)"
     )
+    if last != args.targets[0]:
+        span = last - args.targets[0]
+        slope = {k: (rows[last][k] - rows[args.targets[0]][k]) / span * 1e6 for k in KINDS}
+        print(
+            f"per target tensor, {args.targets[0]:,} to {last:,}: stock {slope['stock']:.2f} us, "
+            f"plugin {slope['plugin']:.2f} us"
+        )
     finish(started, args.json, args.reps, rows)
     print(
         f"draft_load plugin_vs_stock_{at} {ratio:.2f} "

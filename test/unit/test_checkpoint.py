@@ -53,6 +53,44 @@ def test_an_index_entry_outside_the_folder_or_missing_is_refused(tmp_path, entry
     assert "What to do: " in str(caught.value)
 
 
+def test_a_missing_shard_no_wanted_name_is_in_is_left_to_whoever_needs_it(tmp_path):
+    """The index's shards are judged once each; a missing one fails only a load that wants
+    a name in it (the draft of a download holding just the draft's shards still opens)."""
+    w8a8_checkpoint(str(tmp_path))
+    _index(str(tmp_path), {f"{W}.weight": "quant_model_weights.safetensors",
+                           "model.layers.0.mlp.w.weight": "absent-00001.safetensors"})  # fmt: skip
+    ckpt = open_folder(str(tmp_path), wanted=lambda name: name.startswith("mtp."))
+    assert f"{W}.weight" in ckpt.tensors
+    with pytest.raises(CheckpointFormatError, match="'absent-00001.safetensors', which does not"):
+        open_folder(str(tmp_path), wanted=lambda name: True)
+
+
+@pytest.mark.parametrize("entry", [["a.safetensors"], {"a": 1}, 7, ""])
+def test_an_index_entry_that_is_no_file_name_is_refused_by_name(tmp_path, entry):
+    """An unhashable or non-string shard takes the name-by-name path, whose error names it."""
+    w8a8_checkpoint(str(tmp_path))
+    index = _index(str(tmp_path), {f"{W}.weight": entry})
+    with pytest.raises(CheckpointFormatError) as caught:
+        open_folder(str(tmp_path))
+    assert caught.value.file == index
+    assert f"maps '{W}.weight' to {entry!r}, not a file name" in caught.value.problem
+
+
+def test_json_orjson_refuses_is_read_as_python_json_reads_it(tmp_path):
+    """NaN and integers past 64 bits are JSON to Python's json, not to orjson: the fallback
+    reads them as before; what neither reads raises json's error."""
+    from sglang_mtp_dequant.formats.config import read_json
+
+    path = tmp_path / "x.json"
+    path.write_text('{"a": NaN, "b": 123456789012345678901234567890, "c": "\u00e9"}')
+    got = read_json(str(path))
+    assert got["a"] != got["a"] and got["b"] == 123456789012345678901234567890
+    assert got["c"] == "\u00e9"
+    path.write_text('{"a": ')
+    with pytest.raises(json.JSONDecodeError):
+        read_json(str(path))
+
+
 def test_a_group_size_that_is_no_integer_is_refused(tmp_path):
     w8a8_checkpoint(str(tmp_path))
     path = os.path.join(str(tmp_path), "quant_model_description.json")
