@@ -21,7 +21,9 @@ class's ``load_weights``, post-processing):
 - ``plugin``: through the hook: the narrowed file list, planning, decoding and the guard.
 
 Loads alternate (stock, plugin, plugin, stock, ...) after one untimed load of each kind; the
-median of ``--reps`` per kind and size. Every plugin load must stream one file and load
+median of ``--reps`` per kind and size. Beside them, sglang's own ServerArgs and ``ModelConfig``
+of the draft before each load (the same code either way: what sglang spends on the checkpoint's
+size before the loader starts). Every plugin load must stream one file and load
 parameters bit-identical to the plugin's load of the unsharded fixture (checked, not timed).
 Everything is written under one ``tempfile.TemporaryDirectory`` and removed at the end.
 
@@ -69,19 +71,22 @@ def write_checkpoint(folder: str, targets: int) -> int:
 
 
 def load_once(folder: str, plugin: bool):
-    """One ``DefaultModelLoader.load_model`` of the draft; ``(seconds, model)``."""
+    """One ``DefaultModelLoader.load_model`` of the draft; ``(seconds, model, config_seconds)``,
+    the last being sglang's own ServerArgs + ``ModelConfig`` of the draft before the load (the
+    same code with or without the plugin; it parses the description too)."""
     from sglang_mtp_dequant.serving.plugin import bypassed
     from sglang_mtp_dequant.tools.cpu_sglang import draft_model_config, load_model, publish_context
 
+    started = time.perf_counter()
     publish_context(folder)
     config = draft_model_config(folder)
-    started = time.perf_counter()
+    configured = time.perf_counter()
     if plugin:
         model = load_model(config)
     else:
         with bypassed():
             model = load_model(config)
-    return time.perf_counter() - started, model
+    return time.perf_counter() - configured, model, configured - started
 
 
 def parameters(model) -> dict:
@@ -105,12 +110,13 @@ def check_plugin_load(model, reference: dict, files: int) -> str:
 
 
 def measure(folder: str, files: int, reps: int, reference: dict) -> dict:
-    times: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    times: dict[str, list[float]] = {kind: [] for kind in (*KINDS, "config")}
     said = ""
     for rep in range(reps):
         for plugin in (False, True) if rep % 2 == 0 else (True, False):
-            seconds, model = load_once(folder, plugin)
+            seconds, model, config_seconds = load_once(folder, plugin)
             times["plugin" if plugin else "stock"].append(seconds)
+            times["config"].append(config_seconds)
             if plugin:
                 said = check_plugin_load(model, reference, files)
             del model
@@ -162,12 +168,12 @@ def main() -> int:
     base = rows[args.targets[0]]["plugin"]
     print(f"\nDefaultModelLoader.load_model of the draft, medians of {args.reps} alternated loads:")
     print("| target tensors | files | stock (s) | plugin (s) | plugin / stock | plugin / plugin at "
-          f"{args.targets[0]} |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+          f"{args.targets[0]} | sglang's ModelConfig before either (s) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for n, r in rows.items():
         print(
             f"| {n:,} | {r['files']} | {r['stock']:.3f} | {r['plugin']:.3f} "
-            f"| {r['plugin'] / r['stock']:.2f} | {r['plugin'] / base:.2f} |"
+            f"| {r['plugin'] / r['stock']:.2f} | {r['plugin'] / base:.2f} | {r['config']:.3f} |"
         )
     at = GOAL_AT if GOAL_AT in rows else args.targets[-1]
     ratio = rows[at]["plugin"] / rows[at]["stock"]
@@ -179,10 +185,13 @@ def main() -> int:
     )
     if last != args.targets[0]:
         span = last - args.targets[0]
-        slope = {k: (rows[last][k] - rows[args.targets[0]][k]) / span * 1e6 for k in KINDS}
+        slope = {
+            k: (rows[last][k] - rows[args.targets[0]][k]) / span * 1e6 for k in (*KINDS, "config")
+        }
         print(
             f"per target tensor, {args.targets[0]:,} to {last:,}: stock {slope['stock']:.2f} us, "
-            f"plugin {slope['plugin']:.2f} us"
+            f"plugin {slope['plugin']:.2f} us (sglang's ModelConfig before the load: "
+            f"{slope['config']:.2f} us)"
         )
     finish(started, args.json, args.reps, rows)
     print(
