@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -103,6 +105,23 @@ def _module_imports() -> dict[str, set[str]]:
                     found.update(f"{target}.{a.name}".strip(".") for a in node.names)
             graph[module] = found
     return {m: {t for t in targets if t in graph and t != m} for m, targets in graph.items()}
+
+
+def test_no_tracked_symlink_leaves_the_repository():
+    """A tracked symlink out of the tree (a worktree's ``.venv`` once slipped in under a
+    ``.venv/`` rule, which matches directories only) dangles in a user's clone, where ``make``
+    then finds no interpreter to build ``.venv`` with."""
+    listed = subprocess.run(["git", "-C", ROOT, "ls-files", "-s"], capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout, no tracked files to read: {listed.stderr.strip()}")
+    links = [line.split("\t", 1)[1] for line in listed.stdout.splitlines() if line[:6] == "120000"]
+    outside = {}
+    for link in links:
+        path = os.path.join(ROOT, link)
+        target = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+        if os.path.commonpath([target, ROOT]) != ROOT:
+            outside[link] = os.readlink(path)
+    assert not outside, f"tracked symlinks out of the repository: {outside}"
 
 
 def test_one_ruff_version():
