@@ -139,7 +139,7 @@ def choose_files(
     for name, raw in sorted(indexes.items()):
         weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
         shards = index_shards(weight_map)
-        if shards is None:
+        if shards is None or not isinstance(weight_map, dict):
             return FileChoice(folder, resolved, resolved, not_narrowed=f"{name} unreadable")
         listed |= shards
         # one C-level pass over the names: the rule's verdicts select their shards
