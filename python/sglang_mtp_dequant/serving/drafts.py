@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..formats.naming import NameRule, mtp_prefix, nextn_layer, nextn_layer_multimodal
+from ..formats.naming import NameMatch, NameRule, mtp_prefix, nextn_layer, nextn_layer_multimodal
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,8 @@ class DraftSpec:
         ``embed_tokens`` of a NextN layer) and ``loads_besides``. What the narrowed stream
         must carry (``narrowing.py``)."""
         rule, besides = self.name_rule(model_or_config), frozenset(self.loads_besides)
+        if isinstance(rule, NameMatch):
+            return rule.or_names(besides)
         return lambda name: rule(name) or name in besides
 
 

@@ -40,6 +40,7 @@ from typing import Any
 
 from ..errors import CheckpointFormatError
 from ..formats.checkpoint import Checkpoint, WeightSource
+from ..formats.naming import needles_of
 from ..formats.plan import DequantPlan
 from . import context, narrowing, sources
 from .drafts import DRAFT_SPECS, DraftSpec, draft_dtype
@@ -246,7 +247,10 @@ class DraftPlanner:
             return None
         self.folder = source.folder
         parsed = self.narrowed.take_indexes(source.folder) if self.narrowed else None
-        plan = DequantPlan.build(Checkpoint.open(source, wanted=self.wanted, indexes=parsed))
+        ckpt = Checkpoint.open(
+            source, wanted=self.wanted, indexes=parsed, needles=needles_of(self.wanted)
+        )
+        plan = DequantPlan.build(ckpt)
         if fallback and (plan.to_dequantize or plan.errors):
             logger.warning(
                 "sglang-mtp-dequant: sglang's DefaultModelLoader did not report the draft's "
