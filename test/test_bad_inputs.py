@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sglang_mtp_dequant.errors import CheckpointFormatError, DraftWeightError
-from support.checkpoints import dropping, edit_tensors
+from support.checkpoints import dropping, edit_description, edit_tensors
 
 NAME = "q35_dense_w8a8_dynamic"
 SHARD = "quant_model_weights-00001-of-00001.safetensors"
@@ -92,12 +92,7 @@ def test_index_entry_naming_a_missing_shard(load_draft, copy_checkpoint):
 
 def test_scheme_the_plugin_does_not_decode(load_draft, copy_checkpoint):
     folder = copy_checkpoint(NAME)
-    desc_path = os.path.join(folder, "quant_model_description.json")
-    with open(desc_path) as handle:
-        desc = json.load(handle)
-    desc[WEIGHT] = "W2A2_FUTURE"
-    with open(desc_path, "w") as handle:
-        json.dump(desc, handle)
+    edit_description(folder, lambda desc: desc.update({WEIGHT: "W2A2_FUTURE"}))
     expect_refusal(load_draft, folder, DraftWeightError, WEIGHT, "W2A2_FUTURE", "W8A8_DYNAMIC")
 
 

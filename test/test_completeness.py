@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from sglang_mtp_dequant.errors import DraftWeightError
 from sglang_mtp_dequant.serving.guard import MODE_ENV, MisloadedDraftError
+from support.checkpoints import edit_description
 from support.draft_cases import CASES, Layout, expected
 from support.paths import fixture_dir
 
@@ -71,14 +72,12 @@ def edit_checkpoint(folder: str, drop=(), rename=None, add=None) -> str:
         os.chmod(path, 0o644)
         with open(path, "w") as handle:
             json.dump(index, handle)
-    path = os.path.join(folder, "quant_model_description.json")
-    with open(path) as handle:
-        desc = json.load(handle)
-    desc = {rename.get(n, n): t for n, t in desc.items() if n not in drop}
-    desc |= {n: "FLOAT" for n in add if n not in desc}
-    os.chmod(path, 0o644)
-    with open(path, "w") as handle:
-        json.dump(desc, handle)
+
+    def renamed(desc: dict) -> dict:
+        desc = {rename.get(n, n): t for n, t in desc.items() if n not in drop}
+        return desc | {n: "FLOAT" for n in add if n not in desc}
+
+    edit_description(folder, renamed)
     return folder
 
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from support.checkpoints import edit_tensors
+from support.checkpoints import edit_description, edit_tensors
 from support.paths import fixture_dir, reference_file
 from support.reference import (
     DENSE_PROJECTIONS,
@@ -276,10 +276,7 @@ def test_packed_w4a16_without_version_is_refused_at_decode(tmp_path):
 
     folder = str(tmp_path / "no_version")
     shutil.copytree(fixture_dir("qwen3_v0_w4a16_per_channel"), folder)
-    desc = description(folder)
-    del desc["version"]
-    with open(os.path.join(folder, "quant_model_description.json"), "w") as handle:
-        json.dump(desc, handle)
+    edit_description(folder, lambda desc: {k: v for k, v in desc.items() if k != "version"})
     with pytest.raises(DraftWeightError, match="version") as info:
         stream_through_plugin(folder, torch.bfloat16)
     assert info.value.tensor.endswith("_proj.weight") and info.value.file.endswith(".safetensors")

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from sglang_mtp_dequant.tools.cli import main
 from sglang_mtp_dequant.tools.cpu_env import CUDA_CAPABILITY_NOTE
+from support.checkpoints import edit_description
 from support.foreign_checkpoints import compressed_tensors_checkpoint, modelopt_nvfp4_checkpoint
 from support.paths import fixture_dir
 from support.real_layouts import deepseek_v32_config, glm51_w8a8, write_checkpoint
@@ -111,13 +112,7 @@ def add_attention_quant(folder: str, attention: str, heads: int, c8: bool) -> li
             added[f"{attention}.{proj}.kv_cache_offset"] = (torch.zeros(64), "C8")
     os.chmod(path, 0o644)
     save_file({**tensors, **{k: v for k, (v, _) in added.items()}}, path, metadata={"format": "pt"})
-    desc_path = os.path.join(folder, "quant_model_description.json")
-    with open(desc_path) as handle:
-        desc = json.load(handle)
-    desc.update({k: d for k, (_, d) in added.items()})
-    os.chmod(desc_path, 0o644)
-    with open(desc_path, "w") as handle:
-        json.dump(desc, handle)
+    edit_description(folder, lambda desc: desc.update({k: d for k, (_, d) in added.items()}))
     index = os.path.join(folder, "quant_model_weights.safetensors.index.json")
     if os.path.exists(index):
         os.chmod(index, 0o644)

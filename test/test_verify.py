@@ -7,9 +7,6 @@ suite's own independent reference (``reference.py``) and the original float weig
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -22,6 +19,7 @@ from sglang_mtp_dequant.tools.verify import (
     render_verify,
     run_verify,
 )
+from support.checkpoints import edit_description
 from support.paths import DENSE_W8, fixture_dir, reference_file
 from support.reference import DENSE_PROJECTIONS, dequantize_fp32, description, load_all
 
@@ -94,13 +92,9 @@ def test_refused_checkpoint_is_an_error_with_both_outcomes(sglang_cpu, copy_chec
     """An int8 draft weight described as a scheme the plugin does not decode: stock copies its
     codes, the plugin refuses it by name."""
     folder = copy_checkpoint(DEMO)
-    path = os.path.join(folder, "quant_model_description.json")
-    with open(path) as handle:
-        desc = json.load(handle)
-    desc["mtp.layers.0.mlp.up_proj.weight"] = "W4A4_MXFP4_SVD"
-    os.chmod(path, 0o644)
-    with open(path, "w") as handle:
-        json.dump(desc, handle)
+    edit_description(
+        folder, lambda desc: desc.update({"mtp.layers.0.mlp.up_proj.weight": "W4A4_MXFP4_SVD"})
+    )
     report = run_verify(folder)
     assert not report.ok and report.stock_error is None
     assert "'mtp.layers.0.mlp.up_proj.weight'" in (report.plugin_error or "")
