@@ -249,7 +249,8 @@ def _owning_key(data: bytes, opened: int) -> str | None:
 
 def _positions(data: bytes, char: bytes) -> list[int] | None:
     """Where ``char`` is in ``data``; None past ``MAX_OBJECTS`` of them."""
-    found, at = [], data.find(char)
+    found: list[int] = []
+    at = data.find(char)
     while at >= 0:
         if len(found) == MAX_OBJECTS:
             return None

@@ -16,6 +16,7 @@ companions of every weight are read in one pass per file, so building a plan cos
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -204,7 +205,9 @@ class DequantPlan:
             if entry.format is not None:
                 entry.reason = f"{entry.format}, decoded by the {entry.reason}"
 
-    def _library(self, info: TensorInfo, described: str | None, fmt) -> PlannedTensor:
+    def _library(
+        self, info: TensorInfo, described: str | None, fmt: foreign.TensorFormat
+    ) -> PlannedTensor:
         """A weight in a format compressed-tensors decodes (``library.py``)."""
         companions = {p.rpartition(".")[2]: self.checkpoint.tensors[p] for p in fmt.parts}
         entry = PlannedTensor(
@@ -224,7 +227,9 @@ class DequantPlan:
         )
         return entry
 
-    def _foreign(self, info: TensorInfo, described: str | None, fmt) -> PlannedTensor:
+    def _foreign(
+        self, info: TensorInfo, described: str | None, fmt: foreign.TensorFormat
+    ) -> PlannedTensor:
         """A weight stored in another quantizer's format that no ModelSlim rule reads."""
         companions = {p.rpartition(".")[2]: self.checkpoint.tensors[p] for p in fmt.parts}
         method = self.checkpoint.declared.method if self.checkpoint.declared else None
@@ -275,7 +280,7 @@ _ATTENTION_QUANT_WHY = {
 }
 
 
-def _is_foreign_companion(name: str, names) -> bool:
+def _is_foreign_companion(name: str, names: Mapping[str, object]) -> bool:
     """``X.weight_shape``, ``X.weight_zero_point``, ... : listed with ``X.weight_packed`` or
     ``X.weight``, never as tensors of their own; without that weight they are passed to sglang
     (whose loader skips them), and the guard names the parameter the missing weight leaves

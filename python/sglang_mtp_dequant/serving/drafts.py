@@ -26,7 +26,16 @@ from dataclasses import dataclass
 
 import torch
 
+from ..formats.config import CheckpointConfig
 from ..formats.naming import NameMatch, NameRule, mtp_prefix, nextn_layer, nextn_layer_multimodal
+
+#: what a name rule reads the draft's layout from: a built draft model (its ``model.config``),
+#: the checkpoint's ``config.json`` (the CLI, the Ray launch check), or nothing (where the
+#: config is unreadable; a NextN rule then selects no name)
+DraftSource = torch.nn.Module | CheckpointConfig | None
+#: builds the name predicate of one draft from its model or config (``naming.mtp_prefix``,
+#: ``naming.nextn_layer``, ...)
+NameRuleFactory = Callable[[DraftSource], NameRule]
 
 
 @dataclass(frozen=True)
@@ -38,7 +47,7 @@ class DraftSpec:
     #: architectures (``config.json`` ``architectures``) whose draft this class is
     architectures: tuple[str, ...]
     #: builds the name predicate for a built draft model (or a ``CheckpointConfig``)
-    name_rule: Callable[[object], NameRule]
+    name_rule: NameRuleFactory
     #: dotted paths of draft classes that inherit this ``load_weights`` (hooked through it)
     inherited_by: tuple[str, ...] = ()
     #: parameter name tokens the draft takes from the target after loading, so its own load
@@ -53,10 +62,10 @@ class DraftSpec:
     def class_name(self) -> str:
         return self.target.rsplit(".", 2)[-2]
 
-    def draft_names(self, model_or_config: object) -> NameRule:
+    def draft_names(self, model_or_config: DraftSource) -> NameRule:
         return self.name_rule(model_or_config)
 
-    def kept_names(self, model_or_config: object) -> NameRule:
+    def kept_names(self, model_or_config: DraftSource) -> NameRule:
         """Every checkpoint name the class's ``load_weights`` keeps: its name rule's (the
         draft layer, with ``shared_head``, ``eh_proj``, ``enorm``/``hnorm`` and the in-layer
         ``embed_tokens`` of a NextN layer) and ``loads_besides``. What the narrowed stream

@@ -36,7 +36,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointFormatError
 from ..formats.checkpoint import Checkpoint, WeightSource
@@ -51,6 +51,19 @@ from .quantized_load import load_quantized_draft
 from .ray_setup import register_launch_guard
 from .stream import DequantizingStream
 
+if TYPE_CHECKING:  # Concatenate[..., ...] is Python 3.11's
+    from typing import Concatenate
+
+    import torch
+
+    from .sources import AroundHook
+    from .stream import Weights
+
+    #: a draft class's ``load_weights``, unbound: ``(model, weights, *args, **kwargs)``
+    LoadWeights = Callable[Concatenate[torch.nn.Module, Weights, ...], Any]
+    #: the AROUND hook on it: ``(original load_weights, model, weights, *args, **kwargs)``
+    LoadWeightsHook = Callable[Concatenate[LoadWeights, torch.nn.Module, Weights, ...], Any]
+
 logger = logging.getLogger("sglang_mtp_dequant")
 
 
@@ -58,7 +71,7 @@ def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
     """Entry point for sglang's general-plugin group: hook every draft class we know."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    hooks: list[tuple[str, Callable[..., Any], str | None]] = [
+    hooks: list[tuple[str, AroundHook, str | None]] = [
         (spec.target, make_load_weights_hook(spec), spec.class_name) for spec in specs
     ]
     hooks += [(target, hook, None) for target, hook in sources.LOADER_HOOKS]
@@ -153,8 +166,14 @@ def sglang_dequantizes_drafts(load_weights: Any = None) -> bool:
     return module is not None and hasattr(module, UPSTREAM_FIX_MARKER)
 
 
-def make_load_weights_hook(spec: DraftSpec) -> Callable[..., Any]:
-    def load_weights_with_dequant(original, model, weights, *args, **kwargs):
+def make_load_weights_hook(spec: DraftSpec) -> LoadWeightsHook:
+    def load_weights_with_dequant(
+        original: LoadWeights,
+        model: torch.nn.Module,
+        weights: Weights,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
         if _BYPASS.get():
             return original(model, weights, *args, **kwargs)
         with narrowing.draft_load(spec.kept_names(model)) as narrowed:
@@ -185,11 +204,11 @@ def make_load_weights_hook(spec: DraftSpec) -> Callable[..., Any]:
 def _dequantizing_load(
     spec: DraftSpec,
     narrowed: narrowing.DraftNarrowing,
-    original: Callable[..., Any],
-    model: Any,
-    weights: Any,
-    args: tuple,
-    kwargs: dict,
+    original: LoadWeights,
+    model: torch.nn.Module,
+    weights: Weights,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> Any:
     """A draft built unquantized: sglang's load_weights on the dequantizing stream, recorded
     and checked by the guard."""

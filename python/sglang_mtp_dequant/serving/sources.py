@@ -28,12 +28,24 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointFormatError
 from ..formats.checkpoint import WeightSource
 from ..formats.config import CheckpointConfig
 from . import context, narrowing, sglang_private
+
+if TYPE_CHECKING:  # Concatenate[..., ...] is Python 3.11's
+    from typing import Concatenate
+
+    #: sglang's AROUND hook (``HookRegistry.register``): ``fn(original_fn, *args, **kwargs)``
+    #: returning the result in place of ``original_fn(*args, **kwargs)``
+    AroundHook = Callable[Concatenate[Callable[..., Any], ...], Any]
+    #: ``DefaultModelLoader._prepare_weights(loader, model_name_or_path, revision,
+    #: fall_back_to_pt, ...) -> (folder, files, use_safetensors)``
+    PrepareWeights = Callable[Concatenate[Any, str, ...], tuple[str, list[str], bool]]
+    #: ``maybe_add_mtp_safetensors(files, folder, index_file, hf_config) -> files``
+    MtpFile = Callable[Concatenate[list[str], str, ...], list[str]]
 
 #: the index name sglang filters safetensors files with (``SAFE_WEIGHTS_INDEX_NAME``)
 SGLANG_INDEX = "model.safetensors.index.json"
@@ -43,7 +55,9 @@ def _resolver_name() -> str:
     return f"sglang {context.sglang_version()} DefaultModelLoader"
 
 
-def observe_prepare_weights(original, loader, model_name_or_path, *args, **kwargs):
+def observe_prepare_weights(
+    original: PrepareWeights, loader: Any, model_name_or_path: str, *args: Any, **kwargs: Any
+) -> tuple[str, list[str], bool]:
     """AROUND ``DefaultModelLoader._prepare_weights``: record the folder and files it chose;
     inside a hooked draft load, narrowed to the files holding the draft's tensors
     (``narrowing.py``; everywhere else the result passes through unchanged)."""
@@ -58,7 +72,9 @@ def observe_prepare_weights(original, loader, model_name_or_path, *args, **kwarg
     return result
 
 
-def observe_mtp_file(original, files, folder, *args, **kwargs):
+def observe_mtp_file(
+    original: MtpFile, files: list[str], folder: str, *args: Any, **kwargs: Any
+) -> list[str]:
     """AROUND ``maybe_add_mtp_safetensors``: record the file list it returned for ``folder``."""
     result = original(files, folder, *args, **kwargs)
     if list(result) != list(files):
@@ -73,7 +89,7 @@ def observe_mtp_file(original, files, folder, *args, **kwargs):
 
 
 #: the observation hooks plugin.register() installs (AROUND: arguments and results unchanged)
-LOADER_HOOKS = (
+LOADER_HOOKS: tuple[tuple[str, AroundHook], ...] = (
     (sglang_private.PREPARE_WEIGHTS_TARGET, observe_prepare_weights),
     (sglang_private.MTP_FILE_TARGET, observe_mtp_file),
 )

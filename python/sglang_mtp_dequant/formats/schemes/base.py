@@ -170,7 +170,9 @@ def infer_type(
 # -- checks shared by the schemes ----------------------------------------------------------
 
 
-def require(weight: TensorInfo, values: Mapping[str, torch.Tensor], suffix: str, scheme: str):
+def require(
+    weight: TensorInfo, values: Mapping[str, torch.Tensor], suffix: str, scheme: str
+) -> torch.Tensor:
     if suffix not in values:
         base = weight.name.rsplit(".", 1)[0]
         raise DraftWeightError(

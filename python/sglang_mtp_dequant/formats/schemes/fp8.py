@@ -23,6 +23,7 @@ its description and decodes like the per-channel form.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 
@@ -54,10 +55,16 @@ class BlockFp8(Scheme):
     code_dtypes = FLOAT8_DTYPES
 
     @classmethod
-    def claims(cls, weight, suffixes):
+    def claims(cls, weight: TensorInfo, suffixes: frozenset[str]) -> bool:
         return weight.dtype in FLOAT8_DTYPES and "weight_scale_inv" in suffixes
 
-    def prepare(self, weight, values, group_size, format_version=None):
+    def prepare(
+        self,
+        weight: TensorInfo,
+        values: Mapping[str, torch.Tensor],
+        group_size: int,
+        format_version: str | None = None,
+    ) -> AffineDecoder:
         shape = weight.shape
         scale = values.get("weight_scale_inv")
         if scale is None or scale.dim() != len(shape) or tuple(scale.shape[:-2]) != shape[:-2]:
@@ -88,14 +95,20 @@ class ScaledFp8(Scheme):
     code_dtypes = FLOAT8_DTYPES
 
     @classmethod
-    def claims(cls, weight, suffixes):
+    def claims(cls, weight: TensorInfo, suffixes: frozenset[str]) -> bool:
         return (
             weight.dtype in FLOAT8_DTYPES
             and "weight_scale" in suffixes
             and "weight_scale_inv" not in suffixes
         )
 
-    def prepare(self, weight, values, group_size, format_version=None):
+    def prepare(
+        self,
+        weight: TensorInfo,
+        values: Mapping[str, torch.Tensor],
+        group_size: int,
+        format_version: str | None = None,
+    ) -> AffineDecoder:
         shape = weight.shape
         raw = values.get("weight_scale")
         if raw is None:
@@ -124,7 +137,13 @@ class Wfp8Afp8Dynamic(Scheme):
     companions = {"weight_scale": FLOAT_STORAGE, "weight_offset": FLOAT_STORAGE}
     code_dtypes = (torch.float8_e4m3fn,)
 
-    def prepare(self, weight, values, group_size, format_version=None):
+    def prepare(
+        self,
+        weight: TensorInfo,
+        values: Mapping[str, torch.Tensor],
+        group_size: int,
+        format_version: str | None = None,
+    ) -> AffineDecoder:
         shape = weight.shape
         raw = values.get("weight_scale")
         if raw is None:

@@ -210,11 +210,17 @@ class W4A8Dynamic(Scheme):
     }
 
     @classmethod
-    def claims(cls, weight, suffixes):
+    def claims(cls, weight: TensorInfo, suffixes: frozenset[str]) -> bool:
         # scale_bias and weight_scale_second exist only beside W4A8_DYNAMIC int4 codes
         return weight.is_integer and bool(suffixes & {"scale_bias", "weight_scale_second"})
 
-    def prepare(self, weight, values, group_size, format_version=None):
+    def prepare(
+        self,
+        weight: TensorInfo,
+        values: Mapping[str, torch.Tensor],
+        group_size: int,
+        format_version: str | None = None,
+    ) -> AffineDecoder:
         raw_scale = require(weight, values, "weight_scale", self.types[0])
         out = _out_features(weight, raw_scale, self.types[0])
         rows, cols = weight.shape[-2:]
@@ -273,7 +279,13 @@ class W4A16Int4(Scheme):
     types = ("W4A16",)
     companions = {"weight_scale": FLOAT_STORAGE, "weight_offset": FLOAT_STORAGE}
 
-    def prepare(self, weight, values, group_size, format_version=None):
+    def prepare(
+        self,
+        weight: TensorInfo,
+        values: Mapping[str, torch.Tensor],
+        group_size: int,
+        format_version: str | None = None,
+    ) -> AffineDecoder:
         raw_scale = require(weight, values, "weight_scale", self.types[0])
         out = _out_features(weight, raw_scale, self.types[0])
         per_group = raw_scale.ndim == len(weight.shape) and raw_scale.shape[-1] > 1
@@ -314,7 +326,13 @@ class W4A4Dynamic(Scheme):
     types = ("W4A4_DYNAMIC",)
     companions = {"weight_scale": FLOAT_STORAGE, "weight_offset": FLOAT_STORAGE}
 
-    def prepare(self, weight, values, group_size, format_version=None):
+    def prepare(
+        self,
+        weight: TensorInfo,
+        values: Mapping[str, torch.Tensor],
+        group_size: int,
+        format_version: str | None = None,
+    ) -> AffineDecoder:
         raw_scale = require(weight, values, "weight_scale", self.types[0])
         require(weight, values, "weight_offset", self.types[0])
         out = _out_features(weight, raw_scale, self.types[0])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from ...errors import DraftWeightError
@@ -35,11 +37,17 @@ class AffineInt8(Scheme):
     offset_required = False
 
     @classmethod
-    def claims(cls, weight, suffixes):
+    def claims(cls, weight: TensorInfo, suffixes: frozenset[str]) -> bool:
         # a weight_scale alone decodes the same way under W8A8_DYNAMIC and W8A16
         return weight.is_integer and "weight_scale" in suffixes and not suffixes & _INT4_MARKERS
 
-    def prepare(self, weight, values, group_size, format_version=None):
+    def prepare(
+        self,
+        weight: TensorInfo,
+        values: Mapping[str, torch.Tensor],
+        group_size: int,
+        format_version: str | None = None,
+    ) -> AffineDecoder:
         shape = self.logical_shape(weight)
         raw_scale = require(weight, values, "weight_scale", self.name)
         if self.offset_required:
@@ -57,7 +65,7 @@ class AsymmetricInt8(AffineInt8):
     offset_required = True
 
     @classmethod
-    def claims(cls, weight, suffixes):
+    def claims(cls, weight: TensorInfo, suffixes: frozenset[str]) -> bool:
         return False  # indistinguishable from W8A8_DYNAMIC without the description
 
 
@@ -80,10 +88,16 @@ class StaticInt8(Scheme):
     }
 
     @classmethod
-    def claims(cls, weight, suffixes):
+    def claims(cls, weight: TensorInfo, suffixes: frozenset[str]) -> bool:
         return weight.is_integer and "deq_scale" in suffixes and "weight_scale" not in suffixes
 
-    def prepare(self, weight, values, group_size, format_version=None):
+    def prepare(
+        self,
+        weight: TensorInfo,
+        values: Mapping[str, torch.Tensor],
+        group_size: int,
+        format_version: str | None = None,
+    ) -> AffineDecoder:
         shape = self.logical_shape(weight)
         if "weight_scale" in values:
             scale, offset = scale_and_offset(

@@ -39,6 +39,7 @@ range), so one fp32 product and one rounding remain, the same bits as msmodelsli
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -139,7 +140,13 @@ class _MxScheme(Scheme):
 
     companions = {"weight_scale": (torch.uint8,)}
 
-    def _decoder(self, weight, values, shape, unpack) -> AffineDecoder:
+    def _decoder(
+        self,
+        weight: TensorInfo,
+        values: Mapping[str, torch.Tensor],
+        shape: tuple[int, ...],
+        unpack: Callable[[torch.Tensor], torch.Tensor] | None,
+    ) -> AffineDecoder:
         stored = require(weight, values, "weight_scale", self.name)
         scale = block_exponents(weight, shape, stored, self.name)
         return AffineDecoder(
@@ -155,12 +162,18 @@ class Mxfp8(_MxScheme):
     code_dtypes = (torch.float8_e4m3fn,)
 
     @classmethod
-    def claims(cls, weight, suffixes):
+    def claims(cls, weight: TensorInfo, suffixes: frozenset[str]) -> bool:
         # float8 with a weight_scale is also scaled FP8's claim: the scale's storage (uint8
         # here, float there) decides, in ``infer_type``
         return weight.dtype in cls.code_dtypes and "weight_scale" in suffixes
 
-    def prepare(self, weight, values, group_size, format_version=None):
+    def prepare(
+        self,
+        weight: TensorInfo,
+        values: Mapping[str, torch.Tensor],
+        group_size: int,
+        format_version: str | None = None,
+    ) -> AffineDecoder:
         return self._decoder(weight, values, weight.shape, None)
 
 
@@ -173,7 +186,7 @@ class Mxfp4(_MxScheme):
     code_dtypes = (torch.uint8,)
 
     @classmethod
-    def claims(cls, weight, suffixes):
+    def claims(cls, weight: TensorInfo, suffixes: frozenset[str]) -> bool:
         # W4A8_MXFP stores and decodes the same way: one claim for both
         return (
             weight.dtype in cls.code_dtypes
@@ -184,7 +197,13 @@ class Mxfp4(_MxScheme):
     def logical_shape(self, stored: TensorInfo) -> tuple[int, ...]:
         return (*stored.shape[:-1], stored.shape[-1] * 2)
 
-    def prepare(self, weight, values, group_size, format_version=None):
+    def prepare(
+        self,
+        weight: TensorInfo,
+        values: Mapping[str, torch.Tensor],
+        group_size: int,
+        format_version: str | None = None,
+    ) -> AffineDecoder:
         return self._decoder(weight, values, self.logical_shape(weight), _PackedE2M1())
 
 
@@ -196,7 +215,7 @@ class Mxfp4W4A8(Mxfp4):
     types = ("W4A8_MXFP",)
 
     @classmethod
-    def claims(cls, weight, suffixes):
+    def claims(cls, weight: TensorInfo, suffixes: frozenset[str]) -> bool:
         return False  # indistinguishable from W4A4_MXFP4 without the description
 
 
@@ -209,14 +228,20 @@ class Mxfp4DualScale(Mxfp4):
     companions = {"weight_scale": (torch.uint8,), "weight_dual_scale": FLOAT_STORAGE}
 
     @classmethod
-    def claims(cls, weight, suffixes):
+    def claims(cls, weight: TensorInfo, suffixes: frozenset[str]) -> bool:
         return (
             weight.dtype in cls.code_dtypes
             and "weight_scale" in suffixes
             and "weight_dual_scale" in suffixes
         )
 
-    def prepare(self, weight, values, group_size, format_version=None):
+    def prepare(
+        self,
+        weight: TensorInfo,
+        values: Mapping[str, torch.Tensor],
+        group_size: int,
+        format_version: str | None = None,
+    ) -> AffineDecoder:
         shape = self.logical_shape(weight)
         exponents = block_exponents(
             weight, shape, require(weight, values, "weight_scale", self.name), self.name
@@ -241,7 +266,9 @@ class Mxfp4DualScale(Mxfp4):
             weight.name, weight.file, shape, combined, None, _PackedE2M1(), group_width=width
         )
 
-    def _dual(self, weight, shape, values) -> tuple[torch.Tensor, int]:
+    def _dual(
+        self, weight: TensorInfo, shape: tuple[int, ...], values: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, int]:
         """The checked fp32 dual scales (rows, ceil(in / D)) and ``D``."""
         raw = require(weight, values, "weight_dual_scale", self.name)
         lead, in_features = tuple(shape[:-1]), shape[-1]
