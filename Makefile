@@ -115,7 +115,7 @@ bench-scaling: $(STAMP)
 bench-draft-load: $(STAMP)
 	$(VPY) benchmarks/bench_draft_load.py --json .cache/bench/draft_load.json
 
-# ruff (lint + format check) and mypy with untyped defs checked (pyproject.toml [tool.mypy])
+# ruff (lint + format check) and mypy, every function annotated (pyproject.toml [tool.mypy])
 LINT_STAMP := $(VENV)/.lint-installed
 
 $(LINT_STAMP): $(STAMP) requirements/lint.txt

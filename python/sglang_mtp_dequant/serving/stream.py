@@ -40,7 +40,7 @@ import torch
 from ..errors import DraftWeightError
 from ..formats import naming
 from ..formats.checkpoint import dtype_name, is_code_dtype
-from ..formats.plan import DequantPlan
+from ..formats.plan import DequantPlan, PlannedTensor
 from .ownership import ExpertOwnership
 
 Weights = Iterable[tuple[str, torch.Tensor]]
@@ -131,7 +131,7 @@ class DequantizingStream:
             self.observer(name, tensor)
         return as_name or name, tensor
 
-    def _decode(self, name: str, tensor: torch.Tensor, entry) -> torch.Tensor:
+    def _decode(self, name: str, tensor: torch.Tensor, entry: PlannedTensor) -> torch.Tensor:
         if not is_code_dtype(tensor.dtype):
             self.stats.already_float += 1
             return tensor
@@ -146,15 +146,17 @@ class DequantizingStream:
                 ),
                 hint="the checkpoint changed during loading, or two files hold this name",
             )
+        decoder = entry.decoder
+        assert decoder is not None  # every entry of ``to_dequantize`` has its decoder
         only = None
         if self.owned is not None:
             if not self.owned.keeps(name):
                 self.stats.left_to_other_ranks += 1
                 return tensor
-            if naming.is_fused_experts(name) and len(entry.decoder.shape) >= 3:
-                only = self.owned.kept_experts(name, entry.decoder.shape[0])
+            if naming.is_fused_experts(name) and len(decoder.shape) >= 3:
+                only = self.owned.kept_experts(name, decoder.shape[0])
         started = time.perf_counter()
-        decoded = entry.decoder.decompress(tensor, self.dtype, only=only)
+        decoded = decoder.decompress(tensor, self.dtype, only=only)
         self.stats.seconds += time.perf_counter() - started
         self.stats.dequantized += 1
         self.stats.schemes[entry.scheme or "?"] += 1

@@ -19,6 +19,10 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 #: this package's name in sglang's ``sglang.srt.plugins`` entry-point group (pyproject.toml)
 ENTRY_POINT = "mtp_dequant"
@@ -83,7 +87,7 @@ def plugin_activation() -> Activation:
     )
 
 
-def _entry_points(group: str):
+def _entry_points(group: str) -> list[EntryPoint]:
     from importlib.metadata import entry_points
 
     return list(entry_points(group=group))

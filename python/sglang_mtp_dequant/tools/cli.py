@@ -31,9 +31,14 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from ..errors import CheckpointFormatError, DraftWeightError
 from .verdicts import ERROR, EXIT_CODES, help_text
+
+if TYPE_CHECKING:  # imported when used: the CLI answers --help without them
+    from .launch import Launch
+    from .preflight import InputError
 
 
 def _version() -> str:
@@ -151,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _launch(args: argparse.Namespace):
+def _launch(args: argparse.Namespace) -> tuple[Launch | None, str | None]:
     """``(Launch, None)`` from the user's flags (or None without flags), or ``(None, why)``."""
     from .launch import LaunchError, parse_launch
 
@@ -199,7 +204,7 @@ def _preflight(args: argparse.Namespace) -> str | None:
     return f"{head}\n  problem: {wrong}\n\nverdict: error - {wrong.problem}"
 
 
-def _input_error_json(args: argparse.Namespace, wrong) -> dict:
+def _input_error_json(args: argparse.Namespace, wrong: InputError) -> dict[str, object]:
     from .verdicts import DOCTOR_SCHEMA_VERSION, VERIFY_SCHEMA_VERSION
 
     return {
@@ -261,7 +266,7 @@ def _sglang_output(log: str | None) -> Iterator[Callable[[str], None]]:
             os.close(saved[1])
 
 
-def _doctor(args: argparse.Namespace, log: str | None, launch) -> tuple[int, str]:
+def _doctor(args: argparse.Namespace, log: str | None, launch: Launch | None) -> tuple[int, str]:
     from .doctor import diagnose, render_text
 
     report = diagnose(
@@ -278,7 +283,9 @@ def _doctor(args: argparse.Namespace, log: str | None, launch) -> tuple[int, str
     return EXIT_CODES[report.verdict], text
 
 
-def _verify(args: argparse.Namespace, say: Callable[[str], None], log: str | None, launch):
+def _verify(
+    args: argparse.Namespace, say: Callable[[str], None], log: str | None, launch: Launch | None
+) -> tuple[int, str]:
     from .verdicts import VERIFY_SCHEMA_VERSION as SCHEMA_VERSION
     from .verify import render_verify, run_verify
 

@@ -41,6 +41,7 @@ import contextlib
 import sys
 import types
 from collections.abc import Iterator
+from typing import Any, NoReturn
 
 import torch
 
@@ -100,7 +101,7 @@ _KEEP_ALIVE: list[object] = []
 def vllm_placeholder() -> dict[str, types.ModuleType]:
     """``{"vllm": ..., "vllm._custom_ops": ...}`` whose ``rotary_embedding`` raises if called."""
 
-    def rotary_embedding(*_args, **_kwargs):
+    def rotary_embedding(*_args: object, **_kwargs: object) -> NoReturn:
         raise RuntimeError("vllm rotary kernel placeholder: forward is not supported on CPU")
 
     vllm = types.ModuleType("vllm")
@@ -137,7 +138,7 @@ def cuda_capability_answered(
         return
     real = torch.cuda.get_device_capability
 
-    def get_device_capability(device=None) -> tuple[int, int]:
+    def get_device_capability(device: object = None) -> tuple[int, int]:
         _USED[note] = note
         return capability
 
@@ -157,9 +158,10 @@ def generic_rope_on_cpu() -> Iterator[None]:
     real = sglang_private.cpu_rope_builder()
     generic = sglang_private.generic_rope_builder()
 
-    def cpu_rope(head_size, rotary_dim, max_position, base, is_neox_style=True,
-                 rope_scaling=None, dtype=None, partial_rotary_factor=1.0,
-                 device=None):  # fmt: skip
+    def cpu_rope(head_size: int, rotary_dim: int, max_position: int, base: int,
+                 is_neox_style: bool = True, rope_scaling: dict[str, Any] | None = None,
+                 dtype: torch.dtype | None = None, partial_rotary_factor: float = 1.0,
+                 device: str | None = None) -> Any:  # fmt: skip
         scaling = (rope_scaling or {}).get("rope_type")
         if scaling == "deepseek_yarn":
             return real(head_size, rotary_dim, max_position, base, is_neox_style, rope_scaling,

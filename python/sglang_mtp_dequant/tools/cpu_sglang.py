@@ -16,6 +16,8 @@ through the ledger of sglang's private names (``serving/sglang_private.py``).
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -26,6 +28,9 @@ from .cpu_env import (
     generic_rope_on_cpu,
     placeholder_vllm_rotary,
 )
+
+#: sglang's ``ModelConfig`` of a draft (sglang's objects are typed as Any here)
+ModelConfig = Any
 
 
 def free_port() -> int:
@@ -55,7 +60,7 @@ def init_world_size_one() -> None:
     _DIST_READY = True
 
 
-def publish_context(model_path: str, draft_path: str | None = None, **server_args) -> None:
+def publish_context(model_path: str, draft_path: str | None = None, **server_args: Any) -> None:
     """Publish a ServerArgs for ``model_path`` the way sglang's scheduler does."""
     from sglang.srt.server_args import ServerArgs
 
@@ -105,7 +110,9 @@ def join_parallel_world(
     parallel_state.initialize_model_parallel(backend="gloo")
 
 
-def new_draft(path: str, revision: str | None = None, **server_args):
+def new_draft(
+    path: str, revision: str | None = None, **server_args: Any
+) -> tuple[ModelConfig, torch.nn.Module]:
     """``(model_config, draft)``: sglang's context published for ``path`` (with
     ``server_args``), the draft's ``ModelConfig``, and its class built on the CPU."""
     publish_context(path, **server_args)
@@ -113,7 +120,7 @@ def new_draft(path: str, revision: str | None = None, **server_args):
     return config, build_draft(config)
 
 
-def draft_model_config(path: str, revision: str | None = None):
+def draft_model_config(path: str, revision: str | None = None) -> ModelConfig:
     """sglang's ``ModelConfig`` of the draft for ``path``, as its draft worker builds it
     (``is_draft_model=True`` maps the architecture to the MTP/NextN class)."""
     from sglang.srt.configs.model_config import ModelConfig
@@ -126,7 +133,7 @@ def draft_model_config(path: str, revision: str | None = None):
     )
 
 
-def build_draft(model_config, device: str | torch.device = "cpu") -> torch.nn.Module:
+def build_draft(model_config: ModelConfig, device: str | torch.device = "cpu") -> torch.nn.Module:
     """sglang's own draft class for ``model_config``, built the way ``DefaultModelLoader`` does
     (its quantization config, its dtype), on ``device`` (``"meta"``: shapes only)."""
     from sglang.srt.configs.load_config import LoadConfig
@@ -139,7 +146,7 @@ def build_draft(model_config, device: str | torch.device = "cpu") -> torch.nn.Mo
             return sglang_private.initialize_model(model_config, load_config, quant_config)
 
 
-def load_model(model_config, download_dir: str | None = None) -> torch.nn.Module:
+def load_model(model_config: ModelConfig, download_dir: str | None = None) -> torch.nn.Module:
     """sglang's own ``DefaultModelLoader.load_model`` of ``model_config`` on the CPU: its
     quantization config, its build, its file resolution and weight stream, the class's
     ``load_weights`` (hooked or not) and its post-processing, as a draft worker loads it."""
@@ -152,7 +159,9 @@ def load_model(model_config, download_dir: str | None = None) -> torch.nn.Module
         return loader.load_model(model_config=model_config, device_config=DeviceConfig("cpu"))
 
 
-def sglang_weights(model_config, model: torch.nn.Module, download_dir: str | None = None):
+def sglang_weights(
+    model_config: ModelConfig, model: torch.nn.Module, download_dir: str | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """The weight stream sglang's ``DefaultModelLoader`` gives ``model.load_weights``: it
     resolves the checkpoint (folder, hub id, ``download_dir``) when first advanced."""
     from sglang.srt.configs.load_config import LoadConfig
@@ -162,7 +171,9 @@ def sglang_weights(model_config, model: torch.nn.Module, download_dir: str | Non
     return sglang_private.all_weights(loader, model_config, model)
 
 
-def path_weights(path: str, revision: str | None = None, download_dir: str | None = None):
+def path_weights(
+    path: str, revision: str | None = None, download_dir: str | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """``DefaultModelLoader``'s stream for a checkpoint path with no ``ModelConfig`` (a draft
     class built from a hand-made config): the same resolution and iterator, lazily."""
     from sglang.srt.configs.load_config import LoadConfig
@@ -172,7 +183,7 @@ def path_weights(path: str, revision: str | None = None, download_dir: str | Non
     yield from sglang_private.weights_iterator(loader, path, revision)
 
 
-def prepare_cpu_process(model_path: str, draft_path: str | None = None, **server_args) -> None:
+def prepare_cpu_process(model_path: str, draft_path: str | None = None, **server_args: Any) -> None:
     """Everything a CPU process needs before it can build sglang's draft for ``model_path``."""
     ensure_torchvision_importable()
     publish_context(model_path, draft_path, **server_args)
@@ -180,7 +191,10 @@ def prepare_cpu_process(model_path: str, draft_path: str | None = None, **server
 
 
 def build_draft_class(
-    class_path: str, config, dtype: torch.dtype = torch.bfloat16, quant_config=None
+    class_path: str,
+    config: Any,
+    dtype: torch.dtype = torch.bfloat16,
+    quant_config: Any = None,
 ) -> torch.nn.Module:
     """Build any sglang draft class, named by dotted path, on CPU for a hand-made ``config``.
 

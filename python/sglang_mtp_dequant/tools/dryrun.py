@@ -24,7 +24,7 @@ the one a real load would make; no weight byte is read.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -150,7 +150,9 @@ def simulate_load(
     return coverage
 
 
-def _observed(weights, writes: WriteRecorder) -> Iterator[tuple[str, torch.Tensor]]:
+def _observed(
+    weights: Iterable[tuple[str, torch.Tensor]], writes: WriteRecorder
+) -> Iterator[tuple[str, torch.Tensor]]:
     for name, tensor in weights:
         writes.on_streamed(name, tensor)
         yield name, tensor

@@ -25,12 +25,13 @@ import os
 from typing import TYPE_CHECKING
 
 from ...errors import CheckpointFormatError
-from ...formats.checkpoint import Checkpoint, TensorInfo
+from ...formats.checkpoint import Checkpoint, TensorInfo, WeightSource
 from ...formats.config import CheckpointConfig
 from ...formats.naming import (
     QUAROT_FILE,
     QUAROT_FLAG,
     QUAROT_TENSOR,
+    NameRule,
     mtp_prefix,
     nextn_layer,
     split_companion,
@@ -44,6 +45,7 @@ from ..resolve import resolve_checkpoint
 from .model import Diagnosis, TensorRow
 
 if TYPE_CHECKING:
+    from ..dryrun import Built
     from ..launch import Launch
 
 
@@ -121,7 +123,7 @@ def diagnose(
     report.plugin_acts = spec is not None and (built is None or built.quant_config is None)
     quantized = built is not None and built.quant_config is not None
     plain_plan = None
-    if quantized:
+    if quantized and built is not None:  # (``quantized`` implies a build; said for mypy)
         _left_to_sglang(report, built)
         codes = []
         if spec is not None:
@@ -152,7 +154,13 @@ def diagnose(
     return report
 
 
-def _draft_walk(report: Diagnosis, source, spec, built, config) -> None:
+def _draft_walk(
+    report: Diagnosis,
+    source: WeightSource,
+    spec: DraftSpec | None,
+    built: Built | None,
+    config: CheckpointConfig | None,
+) -> None:
     """How many tensors and files the draft load walks, stock and with the plugin (which
     streams only the files the index says hold the draft's tensors: ``narrowing.py``)."""
     if spec is not None:
@@ -177,7 +185,7 @@ def _draft_walk(report: Diagnosis, source, spec, built, config) -> None:
         )
 
 
-def _build(report: Diagnosis, source, launch: Launch | None):
+def _build(report: Diagnosis, source: WeightSource, launch: Launch | None) -> Built | None:
     """sglang's draft on the meta device, or None (said as what could not be checked)."""
     try:
         from ..dryrun import build_meta_draft
@@ -214,7 +222,9 @@ def _build(report: Diagnosis, source, launch: Launch | None):
     return built
 
 
-def _plain_parts(report: Diagnosis, built, ckpt: Checkpoint, is_draft) -> DequantPlan:
+def _plain_parts(
+    report: Diagnosis, built: Built, ckpt: Checkpoint, is_draft: NameRule
+) -> DequantPlan:
     """A quantized draft: the plugin's plan for the tensors of its plain ``nn.Linear`` parts
     (``fc`` / ``eh_proj``), which no quantization method reads; their rows replace the
     'pass' rows."""
@@ -246,7 +256,9 @@ def _stock_quantized(row: TensorRow) -> str:
     return "skipped by sglang's loader (no such parameter): the float parameter stays unwritten"
 
 
-def _draft_names(spec, built, config):
+def _draft_names(
+    spec: DraftSpec | None, built: Built | None, config: CheckpointConfig | None
+) -> NameRule:
     if spec is not None:
         return spec.draft_names(built.model if built is not None else config)
     if built is not None and _is_nextn(built.class_name):
@@ -258,7 +270,7 @@ def _is_nextn(class_name: str) -> bool:
     return "NextN" in class_name
 
 
-def _left_to_sglang(report: Diagnosis, built) -> None:
+def _left_to_sglang(report: Diagnosis, built: Built) -> None:
     """A draft sglang builds quantized: its codes go to sglang's quantized layers."""
     for row in report.tensors:
         if row.codes and row.action != "pass":
@@ -293,7 +305,7 @@ def _activation(report: Diagnosis, needed: bool) -> None:
             report.notes.append(f"sglang here would not load the plugin: {found.why}")
 
 
-def _notes(report: Diagnosis, ckpt: Checkpoint, built) -> None:
+def _notes(report: Diagnosis, ckpt: Checkpoint, built: Built | None) -> None:
     from ..cpu_env import stand_ins_used
 
     described_float = [
@@ -325,7 +337,7 @@ def _notes(report: Diagnosis, ckpt: Checkpoint, built) -> None:
         report.notes.append(note)
 
 
-def _quarot_note(report: Diagnosis, ckpt: Checkpoint, built) -> None:
+def _quarot_note(report: Diagnosis, ckpt: Checkpoint, built: Built | None) -> None:
     flag = ckpt.description_flags.get(QUAROT_FLAG)
     rot = os.path.join(ckpt.folder, QUAROT_FILE)
     if not flag and not os.path.isfile(rot):
@@ -346,7 +358,14 @@ def _quarot_note(report: Diagnosis, ckpt: Checkpoint, built) -> None:
         )
 
 
-def _dry_run(report: Diagnosis, built, ckpt: Checkpoint, plan, spec, quantized=False) -> None:
+def _dry_run(
+    report: Diagnosis,
+    built: Built,
+    ckpt: Checkpoint,
+    plan: DequantPlan | None,
+    spec: DraftSpec | None,
+    quantized: bool = False,
+) -> None:
     try:
         from ..dryrun import simulate_load
 
@@ -382,7 +401,13 @@ def _dry_run(report: Diagnosis, built, ckpt: Checkpoint, plan, spec, quantized=F
         )
 
 
-def _stock_dry_run(report: Diagnosis, built, ckpt: Checkpoint, spec, quantized=False) -> None:
+def _stock_dry_run(
+    report: Diagnosis,
+    built: Built,
+    ckpt: Checkpoint,
+    spec: DraftSpec | None,
+    quantized: bool = False,
+) -> None:
     """Stock sglang's own loader on the same meta draft, without the plugin's stream.
 
     The per-tensor prediction (``_stock_for``) cannot see a loader that stops on a companion

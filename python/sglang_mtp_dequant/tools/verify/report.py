@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .run import VerifyReport
+from .run import ParamRow, VerifyReport
 
 
 def _num(value: float | None) -> str:
@@ -34,7 +34,7 @@ def _short_sources(sources: list[str]) -> str:
     return f"{sources[0]} +{len(sources) - 1}"
 
 
-def _check(row) -> str:
+def _check(row: ParamRow) -> str:
     if row.check in ("exact", "ulp"):
         return row.check
     if row.check == "mismatch":

@@ -453,7 +453,7 @@ def _row(
     return row
 
 
-def _against_originals(row: ParamRow, param: torch.Tensor, stock: Loaded, floats: Loaded):
+def _against_originals(row: ParamRow, param: torch.Tensor, stock: Loaded, floats: Loaded) -> None:
     """The errors against the original float weights (``--reference``)."""
     if row.parameter not in floats.values:
         return
