@@ -339,3 +339,46 @@ def load_all_names(path: str) -> list[str]:
 
     with safe_open(path, framework="pt") as handle:
         return list(handle.keys())
+
+
+def _spec(class_name: str):
+    from sglang_mtp_dequant.serving.drafts import DRAFT_SPECS
+
+    return next(s for s in DRAFT_SPECS if s.class_name == class_name)
+
+
+@pytest.mark.parametrize(
+    "name, class_name, misplaced",
+    [
+        (DENSE, "Qwen3_5ForCausalLMMTP", None),
+        (DENSE, "Qwen3_5ForCausalLMMTP", {"mtp.norm.weight": 2}),
+        (DSV3, "DeepseekV3ForCausalLMNextN", None),
+    ],
+)
+def test_the_byte_scan_chooses_and_reads_what_the_whole_parse_does(
+    tmp_path, name, class_name, misplaced
+):
+    """The draft's entries found in the index's and description's bytes (``json_scan``) give
+    the file choice and the checkpoint the whole parse gives (a plain rule has no needles)."""
+    from types import SimpleNamespace
+
+    from sglang_mtp_dequant.formats.checkpoint import Checkpoint
+    from sglang_mtp_dequant.formats.config import CheckpointConfig
+    from sglang_mtp_dequant.formats.naming import NameMatch
+    from sglang_mtp_dequant.serving.narrowing import choose_files
+
+    folder, files = sharded(tmp_path, name, misplaced=misplaced)
+    config = CheckpointConfig.read(folder)
+    keeps, wanted = _spec(class_name).kept_names(config), _spec(class_name).draft_names(config)
+    assert isinstance(keeps, NameMatch) and isinstance(wanted, NameMatch)
+    scanned = choose_files(folder, files, keeps)
+    parsed = choose_files(folder, files, lambda n: keeps(n))
+    assert scanned == parsed and scanned.skipped  # narrowed, the same way
+    source = SimpleNamespace(folder=folder, files=list(scanned.kept))
+    by_scan = Checkpoint.open(source, wanted, needles=wanted.needles)
+    whole = Checkpoint.open(source, lambda n: wanted(n))
+    assert by_scan.tensors == whole.tensors and by_scan.tensors
+    assert {n: by_scan.type_of(n) for n in by_scan.tensors} == {
+        n: whole.type_of(n) for n in whole.tensors
+    }
+    assert (by_scan.group_size, by_scan.format_version) == (whole.group_size, whole.format_version)
