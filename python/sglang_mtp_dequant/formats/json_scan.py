@@ -50,7 +50,9 @@ class ScannedObject:
     start: int
     end: int
     members: dict[str, ScannedObject] = field(default_factory=dict)
-    _entries: dict[frozenset[str], dict[str, str]] = field(default_factory=dict, repr=False)
+    #: needle -> where it starts in this object's own text: each needle is searched once per
+    #: object, however many callers ask (the narrowing and the plan read the same index)
+    _hits: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     def member(self, key: str) -> ScannedObject:
         """The nested object that is ``key``'s value (``NotScannable`` if there is none)."""
@@ -62,14 +64,17 @@ class ScannedObject:
     def entries(self, needles: Iterable[str]) -> dict[str, str]:
         """Every ``"name": "value"`` of this object (not of its nested ones) whose name holds
         one of ``needles``."""
-        needles = frozenset(needles)
-        if needles not in self._entries:
-            self._entries[needles] = self._scan_entries(needles)
-        return dict(self._entries[needles])
+        needles = _fewest(needles)
+        for needle in needles:
+            if needle not in self._hits:
+                self._hits[needle] = list(self._find_all(needle.encode()))
+        return self._entries_at(
+            sorted({p for needle in needles for p in self._hits[needle]}), needles
+        )
 
-    def _scan_entries(self, needles: frozenset[str]) -> dict[str, str]:
+    def _entries_at(self, hits: list[int], needles: frozenset[str]) -> dict[str, str]:
+        """The entries whose names hold the ``needles`` found at ``hits``."""
         data = self.data
-        hits = sorted({p for needle in needles for p in self._find_all(needle.encode())})
         # a needle with a character no JSON text outside strings holds can only be inside a
         # string; for any other, where the hit is is told by counting quotes from the start
         local = all(set(needle) - _OUTSIDE_STRINGS for needle in needles)
@@ -194,6 +199,13 @@ class JsonFile:
         if self._scanned is False:
             self._scanned = scan_object(self.data)
         return self._scanned if isinstance(self._scanned, ScannedObject) else None
+
+
+def _fewest(needles: Iterable[str]) -> frozenset[str]:
+    """``needles`` without those holding another: a name holding ``embed_tokens.weight``
+    holds ``embed_tokens``, so the shorter one's hits are all the entries (one pass less)."""
+    unique = frozenset(needles)
+    return frozenset(n for n in unique if not any(o != n and o in n for o in unique))
 
 
 def scan_object(data: bytes) -> ScannedObject | None:
