@@ -45,7 +45,7 @@ accept: $(STAMP)
 	$(VPY) benchmarks/accept_length.py --plot docs/accept_length.png --json .cache/accept/results.json
 
 # sglang's own server with EAGLE on the CPU, as users launch it: ONE ModelSlim folder with
-# --quantization modelslim and its own MTP head (benchmarks/e2e_server.py): the plugin on, off,
+# --quantization modelslim and its own MTP head (e2e/run.py): the plugin on, off,
 # the draft built quantized, the float folder's own MTP, each against its run without
 # speculation; a 512-token generation, 8 concurrent requests, plugin/float tokens/s alternated.
 # Ends with `e2e accept_length float=F stock=S plugin=P quantized_draft=Q tokens_per_s ...`.
@@ -64,20 +64,20 @@ $(E2E_STAMP): $(STAMP) requirements/e2e.txt
 	touch $(E2E_STAMP)
 
 e2e: $(E2E_STAMP)
-	$(VPY) benchmarks/e2e_server.py $(E2E_ARGS) $(E2E_EXTRAS) --log-dir .cache/e2e/dense$(E2E_RUN) \
+	$(VPY) -m e2e $(E2E_ARGS) $(E2E_EXTRAS) --log-dir .cache/e2e/dense$(E2E_RUN) \
 		--json .cache/e2e/results$(E2E_RUN).json
 
 # the one-folder form with 2 prompts x 16 tokens (plugin, stock, quantized draft, reference):
 # what CI runs at every landing
 e2e-short: $(E2E_STAMP)
-	$(VPY) benchmarks/e2e_server.py --short $(E2E_ARGS) --log-dir .cache/e2e/short$(E2E_RUN) \
+	$(VPY) -m e2e --short $(E2E_ARGS) --log-dir .cache/e2e/short$(E2E_RUN) \
 		--json .cache/e2e/short$(E2E_RUN).json
 
 # the same runs for the bundled hybrid Qwen3.5 (three Gated DeltaNet layers to one full-attention
 # layer): sglang's GDN Triton kernels under the interpreter, the float target's tokens also
 # against transformers' greedy decode; ends with `e2e-hybrid accept_length float=F ...`
 e2e-hybrid: $(E2E_STAMP)
-	$(VPY) benchmarks/e2e_server.py --family hybrid $(E2E_ARGS) \
+	$(VPY) -m e2e --family hybrid $(E2E_ARGS) \
 		--log-dir .cache/e2e/hybrid$(E2E_RUN) --json .cache/e2e/hybrid$(E2E_RUN).json
 
 # the real msmodelslim 26.1.0 (its own venv) on the bundled hybrid: which GDN projections its
@@ -91,18 +91,18 @@ $(MS_STAMP): test/fixtures/modelslim/_gen/requirements-msmodelslim.txt
 	touch $(MS_STAMP)
 
 e2e-hybrid-msmodelslim: $(MS_STAMP)
-	$(MS_VENV)/bin/python benchmarks/e2e/msmodelslim_hybrid.py \
+	$(MS_VENV)/bin/python benchmarks/msmodelslim_hybrid.py \
 		--float test/fixtures/e2e/hybrid_float --exporter test/fixtures/e2e/hybrid_w8a8 \
 		--work .cache/msmodelslim-hybrid --json .cache/msmodelslim-hybrid/report.json
 
 # the same four servers for the bundled Qwen3.5-MoE (8 routed experts, top-2, shared expert;
 # its MTP draft's experts quantized); ends with `e2e-moe accept_length float=F stock=S ...`
 e2e-moe: $(E2E_STAMP)
-	$(VPY) benchmarks/e2e_server.py --family moe $(E2E_ARGS) --log-dir .cache/e2e/moe \
+	$(VPY) -m e2e --family moe $(E2E_ARGS) --log-dir .cache/e2e/moe \
 		--json .cache/e2e/moe.json
 
 e2e-moe-short: $(E2E_STAMP)
-	$(VPY) benchmarks/e2e_server.py --family moe --short $(E2E_ARGS) --json .cache/e2e/moe-short.json
+	$(VPY) -m e2e --family moe --short $(E2E_ARGS) --json .cache/e2e/moe-short.json
 
 # decode cost against a plain cast (R), codes decoded per EP=2 rank (F), extra peak memory (M);
 # ends with `dequant_vs_cast_ratio R ep2_rank_decode_fraction F peak_extra_mb M`
@@ -127,8 +127,8 @@ $(LINT_STAMP): $(STAMP) requirements/lint.txt
 	touch $(LINT_STAMP)
 
 lint: $(LINT_STAMP)
-	$(VENV)/bin/ruff check python test benchmarks upstream
-	$(VENV)/bin/ruff format --check python test benchmarks upstream
+	$(VENV)/bin/ruff check python test benchmarks upstream e2e
+	$(VENV)/bin/ruff format --check python test benchmarks upstream e2e
 	$(VENV)/bin/mypy python/sglang_mtp_dequant
 
 # -- the fix as a stack of sglang pull requests (upstream/BASE, upstream/series/, upstream/stack/)
@@ -136,7 +136,7 @@ UPSTREAM_REPO := .cache/upstream/sglang
 # The end-to-end server run against the patched tree: sglang's own server with EAGLE on the
 # CPU, the branch's tree serving with the plugin off, beside stock sglang (make e2e's harness,
 # 2 prompts x 16 tokens). `make upstream-test UPSTREAM_E2E=` skips it (the step says so).
-UPSTREAM_E2E ?= $(VPY) benchmarks/e2e_server.py --short --upstream-tree $(UPSTREAM_REPO) --json .cache/e2e/upstream.json
+UPSTREAM_E2E ?= $(VPY) -m e2e --short --upstream-tree $(UPSTREAM_REPO) --json .cache/e2e/upstream.json
 
 # the pinned wheel (sha256 checked) -> a git repo whose first commit is its sglang/ at
 # python/sglang/ -> upstream/series/*.patch applied by git am; reuses what is current

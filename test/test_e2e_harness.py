@@ -1,6 +1,6 @@
 """``make e2e`` on bad input: a clear message in seconds, a non-zero exit, no process left.
 
-The harness (``benchmarks/e2e_server.py``) is run as users run it, as a command. Its passing
+The harness (``e2e/run.py``) is run as users run it, as a command. Its passing
 run (four real sglang servers, minutes on this CPU) is ``make e2e`` / ``make e2e-short``,
 which CI runs at every landing (``.ci/run``); these tests cover what must fail fast.
 """
@@ -17,11 +17,11 @@ import sys
 import time
 
 import pytest
+from e2e.server import RUN_MARK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HARNESS = os.path.join(ROOT, "benchmarks", "e2e_server.py")
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from e2e.server import RUN_MARK  # noqa: E402
+#: the harness as users run it: ``python -m e2e`` from the repository root
+HARNESS = ("-m", "e2e")
 
 E2E = os.path.join(ROOT, "test", "fixtures", "e2e")
 FLOAT, W8A8 = os.path.join(E2E, "float"), os.path.join(E2E, "w8a8")
@@ -32,7 +32,7 @@ HYBRID_FLOAT, HYBRID_W8A8 = os.path.join(E2E, "hybrid_float"), os.path.join(E2E,
 def run_harness(*args: str, timeout: float = 120.0) -> tuple[subprocess.CompletedProcess, float]:
     started = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, HARNESS, *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, *HARNESS, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
     )
     return out, time.perf_counter() - started
 
@@ -169,7 +169,8 @@ def test_ctrl_c_during_start_up_stops_the_server(tmp_path):
     130 and no process of it left."""
     log_dir = tmp_path / "logs"
     proc = subprocess.Popen(
-        [sys.executable, HARNESS, "--log-dir", str(log_dir)],
+        [sys.executable, *HARNESS, "--log-dir", str(log_dir)],
+        cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

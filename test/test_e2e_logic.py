@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
+from e2e import checks, load, plan
+from e2e.client import Generation
+from e2e.server import ServerRun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from e2e import checks, load, plan  # noqa: E402
-from e2e.client import Generation  # noqa: E402
-from e2e.server import ServerRun  # noqa: E402
 
 
 def test_the_one_folder_plan_is_the_users_launch():

@@ -1,4 +1,4 @@
-"""The CPU stand-ins of ``make e2e``'s servers (``benchmarks/e2e/site/``), each against a reference
+"""The CPU stand-ins of ``make e2e``'s servers (``e2e/site/``), each against a reference
 that does not share its code.
 
 The stand-ins exist only because the hardware they stand in for is absent: the Ascend kernels
@@ -20,15 +20,14 @@ import subprocess
 import sys
 import textwrap
 
+import e2e_shim_npu_ops as npu_ops
 import numpy as np
 import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SITE = os.path.join(ROOT, "benchmarks", "e2e", "site")
+SITE = os.path.join(ROOT, "e2e", "site")
 E2E = os.path.join(ROOT, "test", "fixtures", "e2e")
-sys.path.insert(0, SITE)
-import e2e_shim_npu_ops as npu_ops  # noqa: E402
 
 MARK = "sglang-mtp-dequant e2e shim:"
 

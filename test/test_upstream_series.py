@@ -23,10 +23,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import tree
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "upstream"))
-import tree  # noqa: E402
 
 BRANCH_MODULE = "python/sglang/srt/layers/quantization/modelslim/modelslim_draft.py"
 

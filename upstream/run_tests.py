@@ -24,7 +24,7 @@ whole stack):
    sglang with the plugin and by the tree with the plugin off, in two processes
    (``upstream/load_draft.py``); every draft parameter compared bit for bit. A draft whose
    scheme the tree does not decode must be refused (``ModelSlimDraftWeightError``).
-4. ``e2e``: the server run (benchmarks/e2e/): runs ``$UPSTREAM_E2E`` (a shell command) with
+4. ``e2e``: the server run (e2e/): runs ``$UPSTREAM_E2E`` (a shell command) with
    the whole stack on PYTHONPATH and SGLANG_PLUGINS=none, when set; says that it was not run
    otherwise.
 """
@@ -255,7 +255,7 @@ def step_fixtures(
 def step_e2e(repo: Path) -> list[str]:
     command = os.environ.get("UPSTREAM_E2E", "").strip()
     if not command:
-        print("[e2e] not run: set UPSTREAM_E2E to the server run's command (benchmarks/e2e/); "
+        print("[e2e] not run: set UPSTREAM_E2E to the server run's command (e2e/); "
               "it runs with the patched tree on PYTHONPATH and SGLANG_PLUGINS=none")  # fmt: skip
         return []
     print(f"[e2e] {command}")

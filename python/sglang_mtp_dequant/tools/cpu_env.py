@@ -32,7 +32,7 @@ Each stand-in records a note the first time it is needed (``stand_ins_used``), w
 prints: what was answered for sglang, and why it cannot change what the check finds.
 
 The CLI (``verify``, the doctor's dry run), the tests and the end-to-end servers'
-``sitecustomize`` (``benchmarks/e2e/site/``) use these; the serving plugin never does.
+``sitecustomize`` (``e2e/site/``) use these; the serving plugin never does.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """CPU environment shims for sglang's server processes in ``make e2e`` (and nothing else).
 
-The end-to-end harness (``benchmarks/e2e_server.py``) puts this folder first on
+The end-to-end harness (``e2e/run.py``) puts this folder first on
 ``PYTHONPATH`` of the servers it starts, so Python runs this file at start-up in the launcher
 and in every process sglang spawns (scheduler, tokenizer, detokenizer). It is never on the
 path of anything else, and never part of the plugin. Each shim covers what a CPU-only machine
@@ -34,7 +34,7 @@ Ascend kernels sglang calls, computing what they compute):
 7. The Gated DeltaNet kernels' platform checks under the interpreter (``e2e_shim_gdn.py``).
 
 Each of 5-7 announces its first use (``e2e_shim_hooks.say``) and the harness requires the
-lines of every server that needs it (``benchmarks/e2e/checks.py``).
+lines of every server that needs it (``e2e/checks.py``).
 """
 
 from __future__ import annotations

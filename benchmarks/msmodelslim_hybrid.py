@@ -2,7 +2,7 @@
 
 Usage (``make e2e-hybrid-msmodelslim`` builds msmodelslim's venv and runs this with it)::
 
-    .cache/venv-ms/bin/python benchmarks/e2e/msmodelslim_hybrid.py \\
+    .cache/venv-ms/bin/python benchmarks/msmodelslim_hybrid.py \\
         --float test/fixtures/e2e/hybrid_float --exporter test/fixtures/e2e/hybrid_w8a8 \\
         --work .cache/msmodelslim-hybrid --json .cache/msmodelslim-hybrid/report.json
 
@@ -38,7 +38,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
+REPO = os.path.dirname(HERE)
 MS_GEN = os.path.join(REPO, "test", "fixtures", "modelslim", "_gen")
 #: label -> msmodelslim CLI arguments (model type and quant type: msmodelslim picks the recipe)
 RECIPES = {

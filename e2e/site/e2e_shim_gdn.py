@@ -13,7 +13,7 @@ function is recompiled from its own source with exactly that text changed (``rec
 every other line of sglang runs as shipped; a source that does not hold the text raises.
 
 Each fix logs its line the first time it acts; the harness requires the lines of the fixes a
-hybrid server needs (``benchmarks/e2e/checks.py``).
+hybrid server needs (``e2e/checks.py``).
 """
 
 from __future__ import annotations

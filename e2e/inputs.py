@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import glob
 import os
-import sys
 
 from safetensors import safe_open
 
-BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: the Qwen3.5 MTP head's checkpoint prefix (what the bundled and released checkpoints use)
 MTP_PREFIX = "mtp."
 DESCRIPTION = "quant_model_description.json"
@@ -107,8 +105,7 @@ def _mtp_dtypes(files: list[str]) -> dict[str, str]:
 
 def heldout_prompts(count: int, length: int) -> list[list[int]]:
     """``count`` windows of ``length`` bytes of ``make accept``'s held-out text, as ids."""
-    sys.path.insert(0, BENCH)
-    from accept.corpus import line_start_windows, load_corpus
+    from benchmarks.accept.corpus import line_start_windows, load_corpus
 
     windows = line_start_windows(load_corpus().heldout, count, length)
     return [row.tolist() for row in windows]

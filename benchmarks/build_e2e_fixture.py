@@ -2,9 +2,9 @@
 
 Usage (from the repository root; what ``test/fixtures/e2e/*/RECIPE.md`` says)::
 
-    .venv/bin/python benchmarks/e2e/build_fixture.py            # -> test/fixtures/e2e/{float,w8a8}
-    .venv/bin/python benchmarks/e2e/build_fixture.py --family moe   # -> .../{moe_float,moe_w8a8}
-    .venv/bin/python benchmarks/e2e/build_fixture.py --family hybrid  # .../hybrid_{float,w8a8}
+    .venv/bin/python benchmarks/build_e2e_fixture.py            # -> test/fixtures/e2e/{float,w8a8}
+    .venv/bin/python benchmarks/build_e2e_fixture.py --family moe   # -> .../{moe_float,moe_w8a8}
+    .venv/bin/python benchmarks/build_e2e_fixture.py --family hybrid  # .../hybrid_{float,w8a8}
 
 The model is ``make accept``'s tiny Qwen3.5 (``benchmarks/accept``: same corpus, recipe and
 exporter) with every layer full attention: sglang's server on the CPU runs attention through
@@ -29,10 +29,7 @@ import argparse
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-BENCH = os.path.dirname(HERE)
-REPO = os.path.dirname(BENCH)
-sys.path.insert(0, BENCH)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from accept import env  # noqa: E402
 

@@ -2,14 +2,14 @@
 
 Usage (``make e2e`` runs the first line, ``make e2e-short`` the second)::
 
-    .venv/bin/python benchmarks/e2e_server.py                 # the user's launch, bundled model
-    .venv/bin/python benchmarks/e2e_server.py --short         # 2 prompts x 16 tokens (CI)
-    .venv/bin/python benchmarks/e2e_server.py --tp-size 2     # the same runs with --tp-size 2
-    .venv/bin/python benchmarks/e2e_server.py --family hybrid # Gated DeltaNet Qwen3.5 (e2e-hybrid)
-    .venv/bin/python benchmarks/e2e_server.py --model /models/w8a8 [--float /models/float]
-    .venv/bin/python benchmarks/e2e_server.py --target /models/float --draft /models/w8a8
-    .venv/bin/python benchmarks/e2e_server.py --family moe    # the Qwen3.5-MoE draft (make e2e-moe)
-    .venv/bin/python benchmarks/e2e_server.py --short --upstream-tree .cache/upstream/sglang
+    .venv/bin/python -m e2e                 # the user's launch, bundled model
+    .venv/bin/python -m e2e --short         # 2 prompts x 16 tokens (CI)
+    .venv/bin/python -m e2e --tp-size 2     # the same runs with --tp-size 2
+    .venv/bin/python -m e2e --family hybrid # Gated DeltaNet Qwen3.5 (e2e-hybrid)
+    .venv/bin/python -m e2e --model /models/w8a8 [--float /models/float]
+    .venv/bin/python -m e2e --target /models/float --draft /models/w8a8
+    .venv/bin/python -m e2e --family moe    # the Qwen3.5-MoE draft (make e2e-moe)
+    .venv/bin/python -m e2e --short --upstream-tree .cache/upstream/sglang
 
 Every server is started as users start it (``python -m sglang.launch_server``) on a free
 loopback port and stopped with nothing left running. The default is the user's launch
@@ -61,11 +61,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-from e2e.checks import (  # noqa: E402
+from e2e.checks import (
     Bars,
     check_logs,
     check_moe_logs,
@@ -74,8 +70,8 @@ from e2e.checks import (  # noqa: E402
     compare_tokens,
     first_difference,
 )
-from e2e.client import SPEC_KEYS, Generation, generate  # noqa: E402
-from e2e.inputs import (  # noqa: E402
+from e2e.client import SPEC_KEYS, Generation, generate
+from e2e.inputs import (
     InputError,
     check_draft,
     check_model,
@@ -83,10 +79,11 @@ from e2e.inputs import (  # noqa: E402
     check_tree,
     heldout_prompts,
 )
-from e2e.load import Pairing, alternated, concurrent  # noqa: E402
-from e2e.plan import Plan, one_folder_plan, two_folder_plan  # noqa: E402
-from e2e.server import Server, ServerError, ServerRun, log_tail  # noqa: E402
+from e2e.load import Pairing, alternated, concurrent
+from e2e.plan import Plan, one_folder_plan, two_folder_plan
+from e2e.server import Server, ServerError, ServerRun, log_tail
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(REPO, "test", "fixtures", "e2e")
 
 
@@ -473,7 +470,7 @@ def describe_run(run: ServerRun) -> str:
 
 
 def machine_line() -> str:
-    from machine import describe
+    from benchmarks.machine import describe
 
     return describe()
 

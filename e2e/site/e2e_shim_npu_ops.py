@@ -51,7 +51,7 @@ _LIBRARY: list[torch.library.Library] = []  # kept alive: dropping it unregister
 def _unsupported(op: str, what: str) -> NotImplementedError:
     return NotImplementedError(
         f"the CPU stand-in for torch.ops.npu.{op} computes what sglang's W8A8_DYNAMIC linear "
-        f"method asks of it; {what} is not implemented (benchmarks/e2e/site/e2e_shim_npu_ops.py)"
+        f"method asks of it; {what} is not implemented (e2e/site/e2e_shim_npu_ops.py)"
     )
 
 

@@ -8,7 +8,7 @@ Usage::
     bars = Bars.of(results); failures += bars.failures()
 
 ``results`` maps a run's label (reference, float, stock, plugin, ...) to what its server
-returned (``e2e_server.RunResult``, whose ``run`` is the ``server.ServerRun``). A failure is a
+returned (``run.RunResult``, whose ``run`` is the ``server.ServerRun``). A failure is a
 sentence saying what was expected and what came.
 """
 

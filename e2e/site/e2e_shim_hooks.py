@@ -8,7 +8,7 @@ Usage (in a shim module of this folder)::
     announce_first_call(module, "function", "what the stand-in did")
     say("something the harness looks for")
 
-Every line starts with ``MARK``; the harness (``benchmarks/e2e/checks.py``) requires the lines
+Every line starts with ``MARK``; the harness (``e2e/checks.py``) requires the lines
 of the shims a run needs in that server's log, so a shim that did not take effect fails the
 run instead of passing silently. Lines go to stderr, which the harness writes to the log.
 """
