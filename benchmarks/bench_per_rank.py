@@ -78,6 +78,7 @@ def fixture_costs(name: str, reps: int) -> dict:
     from sglang_mtp_dequant.formats.checkpoint import Checkpoint
     from sglang_mtp_dequant.formats.naming import mtp_prefix
     from sglang_mtp_dequant.formats.plan import DequantPlan
+    from sglang_mtp_dequant.serving.sglang_private import unwrapped
     from sglang_mtp_dequant.tools.cpu_sglang import (
         build_draft,
         draft_model_config,
@@ -110,7 +111,7 @@ def fixture_costs(name: str, reps: int) -> dict:
         if hooked:
             method(hooked_model, sglang_weights(config, hooked_model))
         else:
-            method.__wrapped__(stock_model, sglang_weights(config, stock_model))
+            unwrapped(method)(stock_model, sglang_weights(config, stock_model))
 
     logging_off()
     load(False)  # warm the page cache and the imports

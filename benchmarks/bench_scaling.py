@@ -73,12 +73,13 @@ def quiet_stderr():
 
 def load_once(folder: str, plugin: bool) -> float:
     """One ``load_weights`` of a freshly built draft; seconds of the load alone."""
+    from sglang_mtp_dequant.serving.sglang_private import unwrapped
     from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
 
     config, model = new_draft(folder)
     method = type(model).load_weights
     if not plugin:
-        method = method.__wrapped__
+        method = unwrapped(method)
     weights = sglang_weights(config, model)
     started = time.perf_counter()
     method(model, weights)

@@ -74,6 +74,7 @@ def load_draft(sglang_cpu, caplog):
     sglang's own, unwrapped ``load_weights`` (``__wrapped__`` of the hook): exactly what stock
     sglang does.
     """
+    from sglang_mtp_dequant.serving.sglang_private import unwrapped
     from sglang_mtp_dequant.tools.cpu_sglang import (
         build_draft,
         draft_model_config,
@@ -98,7 +99,7 @@ def load_draft(sglang_cpu, caplog):
         model = build_draft(config)
         method = type(model).load_weights
         if not plugin:
-            method = method.__wrapped__
+            method = unwrapped(method)
         method(model, sglang_weights(config, model, download_dir=download_dir))
         return model
 

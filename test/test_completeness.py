@@ -337,6 +337,7 @@ def test_the_declaration_is_what_leaves_lm_head_out(sglang_cpu):
     declaration, not luck, keeps it out of the audit."""
     from sglang_mtp_dequant.serving.drafts import spec_for_architecture
     from sglang_mtp_dequant.serving.guard import WriteRecorder
+    from sglang_mtp_dequant.serving.sglang_private import unwrapped
     from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
 
     folder = fixture_dir(FLOAT)
@@ -344,7 +345,7 @@ def test_the_declaration_is_what_leaves_lm_head_out(sglang_cpu):
     assert spec.from_target == ("embed_tokens", "lm_head")
     for from_target, want in (((), {"lm_head.weight": "no write at all"}), (spec.from_target, {})):
         config, model = new_draft(folder)
-        stock = type(model).load_weights.__wrapped__
+        stock = unwrapped(type(model).load_weights)
         with WriteRecorder(model, from_target) as writes:
             stock(model, sglang_weights(config, model))
         assert writes.unwritten() == want

@@ -43,6 +43,7 @@ INHERITING_CLASSES = {f"{MODELS}.qwen4_exp_mtp.Qwen4ExpForCausalLMMTP"}
 def test_every_draft_class_has_its_load_weights_hooked_once(sglang_cpu):
     from sglang_mtp_dequant.serving.context import registered_targets
     from sglang_mtp_dequant.serving.drafts import DRAFT_SPECS
+    from sglang_mtp_dequant.serving.sglang_private import unwrapped
 
     specs = {spec.target.rsplit(".", 1)[0]: spec for spec in DRAFT_SPECS}
     assert set(specs) == HOOKED_CLASSES
@@ -50,8 +51,9 @@ def test_every_draft_class_has_its_load_weights_hooked_once(sglang_cpu):
     for path, spec in specs.items():
         assert spec.target in registered_targets()
         installed = pkgutil.resolve_name(path).__dict__["load_weights"]
-        original = installed.__wrapped__  # sglang's HookRegistry wrapper around the original
-        assert not hasattr(original, "__wrapped__"), f"{path}: wrapped more than once"
+        original = unwrapped(installed)  # sglang's HookRegistry wrapper around the original
+        assert original is not installed, f"{path}: not wrapped"
+        assert unwrapped(original) is original, f"{path}: wrapped more than once"
         assert original.__module__ == path.rsplit(".", 1)[0], f"{path}: wraps a foreign method"
         for sub_path in spec.inherited_by:
             sub = pkgutil.resolve_name(sub_path)
@@ -63,11 +65,14 @@ def test_glm5_reaches_the_deepseek_hook_through_super(sglang_cpu):
     """GLM-5's NextN overrides load_weights only to pre-process, then calls super()."""
     import inspect
 
+    from sglang_mtp_dequant.serving.sglang_private import unwrapped
+
     glm5 = pkgutil.resolve_name(f"{MODELS}.glm4_moe.GlmMoeDsaForCausalLMNextN")
     deepseek = pkgutil.resolve_name(f"{MODELS}.deepseek_nextn.DeepseekV3ForCausalLMNextN")
     assert issubclass(glm5, deepseek)
     assert "super().load_weights(weights)" in inspect.getsource(glm5.load_weights)
-    assert hasattr(deepseek.__dict__["load_weights"], "__wrapped__")
+    method = deepseek.__dict__["load_weights"]
+    assert unwrapped(method) is not method
 
 
 @pytest.mark.parametrize("case_id", list(CASES))

@@ -390,6 +390,7 @@ def _recorded_stock_load(folder: str):
     takes (no plan: stock sglang plans nothing)."""
     from sglang_mtp_dequant.serving.drafts import spec_for_architecture
     from sglang_mtp_dequant.serving.load_record import DraftLoad
+    from sglang_mtp_dequant.serving.sglang_private import unwrapped
     from sglang_mtp_dequant.serving.stream import StreamStats
     from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
 
@@ -397,7 +398,7 @@ def _recorded_stock_load(folder: str):
     spec = spec_for_architecture("Qwen3_5ForConditionalGeneration")
     with WriteRecorder(model, spec.from_target) as writes:
         stream = PassThrough(spec.draft_names(model), writes.on_streamed)
-        type(model).load_weights.__wrapped__(model, stream.apply(sglang_weights(config, model)))
+        unwrapped(type(model).load_weights)(model, stream.apply(sglang_weights(config, model)))
     load = DraftLoad(Q35, folder, torch.bfloat16, None, stream.streamed, StreamStats(), writes, 0.0)
     return model, load
 

@@ -214,39 +214,109 @@ def test_formats_import_no_sglang():
             assert not [n for n in names if n.split(".")[0] == "sglang"], (file, names)
 
 
+#: the folders the ledger test reads: the package, its tests, benchmarks, the e2e harness and
+#: the upstream runner (not sglang's own tree, nor the upstream patches, which are not .py)
+SCANNED = ("python", "test", "benchmarks", "e2e", "upstream")
+LEDGER_FILE = "python/sglang_mtp_dequant/serving/sglang_private.py"
+
+
+def _repository_sources() -> list[str]:
+    """The repository's tracked .py files under ``SCANNED``, relative to ``ROOT``."""
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--", *(f"{folder}/*.py" for folder in SCANNED)],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return sorted(path for path in out.stdout.split("\0") if path)
+
+
 def test_sglangs_private_names_are_spelled_only_in_the_ledger():
-    """Every private sglang name the package touches is one entry of serving/sglang_private.py;
-    no other module spells one (an sglang upgrade is a review of one file)."""
+    """Every private sglang name the repository touches is one entry of serving/sglang_private.py,
+    spelled there, in the paths the entry declares and nowhere else, through accessors someone
+    calls (an sglang upgrade is a review of one file)."""
+    import ast
     import re
 
+    from sglang_mtp_dequant.serving import sglang_private
     from sglang_mtp_dequant.serving.sglang_private import LEDGER
 
-    ledger = os.path.join(PACKAGE, "serving", "sglang_private.py")
-    spelled = {
-        "_prepare_weights", "_maybe_download_from_modelscope", "_get_all_weights",
-        "_get_weights_iterator", "_initialize_model", "_get_quantization_config", "_patched",
-        "_launch_scheduler_processes", "_map_global_expert_id_to_local_expert_id",
-        "_sglang_require_global_experts", "runtime_context", "_get_excluded_dists",
-        "get_rope_cpu", "is_npu", "_is_npu", "_weight_loader",
-    }  # fmt: skip
-    for name in spelled:
-        assert any(name in entry.name for entry in LEDGER), f"{name} has no ledger entry"
+    owners: dict[str, set[str]] = {}  # token -> the paths that may spell it
     for entry in LEDGER:
         assert entry.why and entry.how and entry.read_in and entry.remove_when, entry.name
-    word = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(spelled) + r")(?![A-Za-z0-9_])")
-    for folder, _, files in os.walk(PACKAGE):
-        for file in (f for f in files if f.endswith(".py")):
-            path = os.path.join(folder, file)
-            if path != ledger:
-                hits = _private_spellings(path, spelled, word)
-                assert not hits, f"{os.path.relpath(path, PACKAGE)} spells {hits}"
+        assert entry.spelled or not entry.accessors, f"{entry.name}: accessors of no spelling"
+        for token in entry.spelled:
+            assert token in entry.name, f"{entry.name} does not name {token}"
+            owners.setdefault(token, {LEDGER_FILE}).update(entry.also_spelled_in)
+        for accessor in entry.accessors:
+            assert hasattr(sglang_private, accessor), f"{entry.name}: no accessor {accessor}"
+    word = re.compile(
+        r"(?<![A-Za-z0-9_])(" + "|".join(map(re.escape, owners)) + r")(?![A-Za-z0-9_])"
+    )
+    sources = _repository_sources()
+    assert LEDGER_FILE in sources and "test/test_packaging.py" in sources, sources[:5]
+    found: dict[str, set[str]] = {}  # token -> the paths that spell it
+    read: set[str] = set()  # the names the repository reads outside the ledger
+    strays = []
+    for path in sources:
+        tree = ast.parse(open(os.path.join(ROOT, path)).read())
+        if path == LEDGER_FILE:  # the entries' own text is not a use
+            tree.body = [n for n in tree.body if "LEDGER" not in _assigned(n)]
+        else:
+            read.update(_read_names(tree))
+        for token in _private_spellings(tree, owners, word):
+            found.setdefault(token, set()).add(path)
+            if path not in owners[token]:
+                strays.append(f"{path} spells sglang's {token}: use its ledger accessor")
+    assert not strays, "\n".join(strays)
+    unused = []
+    for entry in LEDGER:
+        for token in entry.spelled:
+            for path in (LEDGER_FILE, *entry.also_spelled_in):
+                if path not in found.get(token, ()):
+                    unused.append(f"{path} is said to spell {token} but does not")
+        unused += [f"no one calls the accessor {a}" for a in entry.accessors if a not in read]
+    assert not unused, "\n".join(unused)
+    functions = {n for n, v in vars(sglang_private).items() if _defined_function(v, sglang_private)}
+    declared = {a for entry in LEDGER for a in entry.accessors}
+    assert functions <= declared, f"accessors of no ledger entry: {sorted(functions - declared)}"
 
 
-def _private_spellings(path: str, spelled: set[str], word) -> list[str]:
-    """Attribute accesses, imports and (non-docstring) strings of ``path`` naming ``spelled``."""
+def _defined_function(value, module) -> bool:
+    import inspect
+
+    return inspect.isfunction(value) and value.__module__ == module.__name__
+
+
+def _assigned(node) -> set[str]:
+    """The names a module-level statement assigns."""
     import ast
 
-    tree = ast.parse(open(path).read())
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return {node.target.id}
+    if isinstance(node, ast.Assign):
+        return {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return set()
+
+
+def _read_names(tree) -> set[str]:
+    """Every name, attribute and imported name in ``tree``."""
+    import ast
+
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.alias):
+            names.add(node.name)
+    return names
+
+
+def _private_spellings(tree, spelled, word) -> list[str]:
+    """The ``spelled`` tokens in attribute accesses, imports and (non-docstring) strings of
+    ``tree``: comments and docstrings may name them."""
+    import ast
+
     docstrings = {
         id(node.body[0].value)
         for node in ast.walk(tree)
@@ -259,17 +329,13 @@ def _private_spellings(path: str, spelled: set[str], word) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr in spelled:
             hits.append(node.attr)
-        elif isinstance(node, ast.ImportFrom) and node.module and word.search(node.module):
-            hits.append(node.module)
-        elif isinstance(node, ast.alias) and word.search(node.name):
-            hits.append(node.name)
-        elif (
-            isinstance(node, ast.Constant)
-            and isinstance(node.value, str)
-            and id(node) not in docstrings
-            and word.search(node.value)
-        ):
-            hits.append(node.value)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            hits.extend(word.findall(node.module))
+        elif isinstance(node, ast.alias):
+            hits.extend(word.findall(node.name))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) not in docstrings:
+                hits.extend(word.findall(node.value))
     return hits
 
 

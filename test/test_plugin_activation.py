@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from sglang_mtp_dequant.serving.drafts import DraftSpec, mtp_prefix
+from sglang_mtp_dequant.serving.sglang_private import unwrapped
 from support.paths import fixture_dir
 
 
@@ -28,8 +29,8 @@ def test_load_plugins_wrapped_the_draft_class(sglang_cpu):
     from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
 
     method = Qwen3_5ForCausalLMMTP.load_weights
-    assert hasattr(method, "__wrapped__"), "load_weights is not wrapped: the hook did not apply"
-    assert method.__wrapped__.__qualname__ == "Qwen3_5ForCausalLMMTP.load_weights"
+    assert unwrapped(method) is not method, "load_weights is not wrapped: the hook did not apply"
+    assert unwrapped(method).__qualname__ == "Qwen3_5ForCausalLMMTP.load_weights"
 
 
 def test_register_twice_hooks_once(sglang_cpu):
@@ -112,7 +113,7 @@ def test_float_mtp_checkpoint_loads_bit_identical_and_silent(sglang_cpu, caplog)
     stock_model, plugin_model = build_draft(config), build_draft(config)
     caplog.set_level(logging.DEBUG)
     caplog.clear()
-    type(stock_model).load_weights.__wrapped__(stock_model, sglang_weights(config, stock_model))
+    unwrapped(type(stock_model).load_weights)(stock_model, sglang_weights(config, stock_model))
     stock_lines = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
     caplog.clear()
     type(plugin_model).load_weights(plugin_model, sglang_weights(config, plugin_model))
@@ -150,7 +151,7 @@ def test_quantized_draft_requested_is_left_to_sglang(sglang_cpu, caplog, rmsnorm
     loaded = []
     for use_plugin in (False, True):
         config, model = build_quantized_modelslim_draft(folder, npu=True)
-        method = type(model).load_weights if use_plugin else type(model).load_weights.__wrapped__
+        method = type(model).load_weights if use_plugin else unwrapped(type(model).load_weights)
         caplog.clear()
         method(model, sglang_weights(config, model))
         assert not [r for r in caplog.records if r.name == "sglang_mtp_dequant"]
@@ -173,7 +174,7 @@ def test_quantized_draft_misbuilt_off_npu_is_refused(sglang_cpu, rmsnorm_restore
 
     folder = fixture_dir("q35_dense_w8a8_dynamic")
     config, model = build_quantized_modelslim_draft(folder, npu=False)
-    type(model).load_weights.__wrapped__(model, sglang_weights(config, model))
+    unwrapped(type(model).load_weights)(model, sglang_weights(config, model))
     stock = dict(model.named_parameters())
     fused = next(n for n in stock if n.endswith("qkv_proj.weight"))
     assert stock[fused].dtype == torch.bfloat16 and stock[fused].abs().max() > 64  # raw codes
@@ -194,7 +195,8 @@ def test_sglang_plugins_whitelist_switches_it_off(tmp_path):
         "from sglang.srt.plugins import load_plugins\n"
         "load_plugins()\n"
         "from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP as C\n"
-        "print('HOOKED' if hasattr(C.load_weights, '__wrapped__') else 'STOCK')\n"
+        "from sglang_mtp_dequant.serving.sglang_private import unwrapped\n"
+        "print('HOOKED' if unwrapped(C.load_weights) is not C.load_weights else 'STOCK')\n"
     )
     env = dict(os.environ, SGLANG_PLUGINS="none")
     out = subprocess.run(

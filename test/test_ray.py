@@ -59,7 +59,6 @@ from test_processes import (
 pytestmark = pytest.mark.slow  # spawns processes (see pyproject.toml)
 
 SETUP_HOOK = "sglang_mtp_dequant.serving.ray_setup.setup"
-LAUNCH_TARGET = "sglang.srt.ray.engine.RayEngine._launch_scheduler_processes"
 DRIVER_TIMEOUT = 600.0  # a hang guard, not a speed limit (shared CI machines)
 SUBPROCESS_TIMEOUT = 600.0
 
@@ -74,10 +73,11 @@ def driver_main(argv: list[str]) -> None:
 
     import ray
     from sglang.srt.plugins import load_plugins
-    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_mtp_dequant.serving.sglang_private import RAY_LAUNCH_TARGET, patched_targets
 
     load_plugins()  # as python -m sglang.launch_server / Engine.__init__ do
-    result["guard_applied"] = LAUNCH_TARGET in HookRegistry._patched
+    result["guard_applied"] = RAY_LAUNCH_TARGET in patched_targets()
     from sglang.srt.entrypoints.engine import _set_envs_and_config
     from sglang.srt.managers.scheduler import run_scheduler_process
     from sglang.srt.ray.engine import RayEngine

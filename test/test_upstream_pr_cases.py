@@ -121,12 +121,13 @@ def test_no_double_dequant_when_upstream_fix_is_present(load_draft, sglang_cpu):
     from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
 
     from sglang_mtp_dequant.serving.plugin import make_load_weights_hook
+    from sglang_mtp_dequant.serving.sglang_private import unwrapped
     from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
 
     folder = fixture_dir(NAME)
     expected = dict(load_draft(folder).named_parameters())
     config, model = new_draft(folder)
-    upstream = upstream_style_load_weights(Qwen3_5ForCausalLMMTP.load_weights.__wrapped__)
+    upstream = upstream_style_load_weights(unwrapped(Qwen3_5ForCausalLMMTP.load_weights))
     make_load_weights_hook(DRAFT_SPECS[0])(upstream, model, sglang_weights(config, model))
     for name, param in model.named_parameters():
         if name != "lm_head.weight":

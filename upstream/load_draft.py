@@ -40,6 +40,7 @@ import traceback
 
 import torch
 
+from sglang_mtp_dequant.serving.sglang_private import unwrapped
 from sglang_mtp_dequant.tools.cpu_env import ensure_torchvision_importable
 from sglang_mtp_dequant.tools.cpu_sglang import (
     build_draft,
@@ -93,9 +94,10 @@ def main() -> int:
     load_plugins()
     from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
 
+    hooked = Qwen3_5ForCausalLMMTP.__dict__["load_weights"]
     side = {
         "sglang": os.path.dirname(sglang.__file__),
-        "plugin_hooked": hasattr(Qwen3_5ForCausalLMMTP.__dict__["load_weights"], "__wrapped__"),
+        "plugin_hooked": unwrapped(hooked) is not hooked,
         "branch_module": _has_branch_module(),
         "SGLANG_PLUGINS": os.environ.get("SGLANG_PLUGINS"),
     }

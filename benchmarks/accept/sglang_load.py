@@ -58,6 +58,7 @@ def prepare(first_folder: str) -> None:
 
 def load(label: str, folder: str, plugin: bool) -> LoadedDraft:
     """One draft load of ``folder`` (the folder is published as sglang's --model-path)."""
+    from sglang_mtp_dequant.serving.sglang_private import unwrapped
     from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
 
     config, model = new_draft(folder)
@@ -65,7 +66,7 @@ def load(label: str, folder: str, plugin: bool) -> LoadedDraft:
         raise RuntimeError(f"{folder}: sglang builds the draft in {config.dtype}, not bfloat16")
     method = type(model).load_weights
     if not plugin:
-        method = method.__wrapped__  # sglang's own load_weights, without the hook
+        method = unwrapped(method)  # sglang's own load_weights, without the hook
     handler = _Collect()
     plugin_logger = logging.getLogger("sglang_mtp_dequant")
     plugin_logger.addHandler(handler)

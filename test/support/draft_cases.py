@@ -475,6 +475,7 @@ def draft_case(sglang_cpu, tmp_path, caplog):
     """
     import logging
 
+    from sglang_mtp_dequant.serving.sglang_private import unwrapped
     from sglang_mtp_dequant.tools.cpu_sglang import build_draft_class, path_weights, publish_context
     from support.checkpoints import write_modelslim_checkpoint
 
@@ -496,7 +497,7 @@ def draft_case(sglang_cpu, tmp_path, caplog):
             if nan:
                 poison(model)
             method = type(model).load_weights
-            (method if plugin else method.__wrapped__)(model, path_weights(folder))
+            (method if plugin else unwrapped(method))(model, path_weights(folder))
             return dict(model.named_parameters())
 
         load.folder = folder  # type: ignore[attr-defined]

@@ -241,12 +241,14 @@ def _hook_evidence() -> dict:
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     from sglang_mtp_dequant.serving.context import registered_targets
+    from sglang_mtp_dequant.serving.sglang_private import patched_targets, unwrapped
 
     hooks = [h for _, h, _ in HookRegistry._hooks.get(HOOK_TARGET, [])]
+    method = Qwen3_5ForCausalLMMTP.load_weights
     return {
         "registered": HOOK_TARGET in registered_targets(),
-        "applied": HOOK_TARGET in HookRegistry._patched,
-        "wrapped": hasattr(Qwen3_5ForCausalLMMTP.load_weights, "__wrapped__"),
+        "applied": HOOK_TARGET in patched_targets(),
+        "wrapped": unwrapped(method) is not method,
         "hooks": [getattr(h, "__qualname__", repr(h)) for h in hooks],
     }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from sglang_mtp_dequant.serving.ownership import ExpertOwnership
+from sglang_mtp_dequant.serving.sglang_private import GLOBAL_EXPERTS_ATTRIBUTE
 
 
 class StandInMoE(torch.nn.Module):
@@ -61,5 +62,5 @@ def test_one_rank_or_no_moe_layer_means_no_filtering():
 
 def test_a_layer_holding_every_expert_keeps_all():
     moe = StandInMoE(8, 2, 1)
-    moe.w13_weight._sglang_require_global_experts = True
+    setattr(moe.w13_weight, GLOBAL_EXPERTS_ATTRIBUTE, True)
     assert ExpertOwnership.of(Draft(moe)) is None

@@ -26,13 +26,22 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Private:
-    """One private sglang name: what it is, why and how it is used, and when it can go."""
+    """One private sglang name: what it is, why and how it is used, and when it can go.
+
+    ``spelled`` are its tokens as source writes them (an attribute, an import, a string): the
+    ledger test searches the repository for them and finds them only here, in ``accessors``
+    (this module's functions and constants that use it, each called from elsewhere) and in
+    ``also_spelled_in`` (repository paths that must spell it themselves, each said why).
+    """
 
     name: str
     why: str
     how: str
     read_in: str
     remove_when: str
+    spelled: tuple[str, ...] = ()
+    accessors: tuple[str, ...] = ()
+    also_spelled_in: tuple[str, ...] = ()
 
 
 _LOADER = "sglang.srt.model_loader.loader"
@@ -67,6 +76,8 @@ LEDGER: tuple[Private, ...] = (
         read_in="0.5.23",
         remove_when="sglang reports resolved weight files to plugins (e.g. a loader event) and "
         "lets a draft class name the weight files it needs",
+        spelled=("_prepare_weights",),
+        accessors=("PREPARE_WEIGHTS_TARGET", "prepare_weights"),
     ),
     Private(
         name=MTP_FILE_TARGET,
@@ -75,6 +86,8 @@ LEDGER: tuple[Private, ...] = (
         "_prepare_weights",
         read_in="0.5.23",
         remove_when="as _prepare_weights",
+        spelled=("maybe_add_mtp_safetensors",),
+        accessors=("MTP_FILE_TARGET", "mtp_file_added"),
     ),
     Private(
         name=f"{_LOADER}.DefaultModelLoader._maybe_download_from_modelscope",
@@ -82,6 +95,8 @@ LEDGER: tuple[Private, ...] = (
         how="called by the CLI only, before publishing sglang's context for the local folder",
         read_in="0.5.23",
         remove_when="sglang exposes its path resolution as one public function",
+        spelled=("_maybe_download_from_modelscope",),
+        accessors=("modelscope_local_copy",),
     ),
     Private(
         name=f"{_LOADER}.DefaultModelLoader._get_all_weights",
@@ -89,6 +104,8 @@ LEDGER: tuple[Private, ...] = (
         how="called on a fresh DefaultModelLoader by the CPU tools (tools/cpu_sglang.py)",
         read_in="0.5.23",
         remove_when="DefaultModelLoader offers a public weight iterator",
+        spelled=("_get_all_weights",),
+        accessors=("all_weights",),
     ),
     Private(
         name=f"{_LOADER}.DefaultModelLoader._get_weights_iterator",
@@ -97,6 +114,8 @@ LEDGER: tuple[Private, ...] = (
         how="called by the CPU tools with DefaultModelLoader.Source(path, revision)",
         read_in="0.5.23",
         remove_when="as _get_all_weights",
+        spelled=("_get_weights_iterator",),
+        accessors=("weights_iterator",),
     ),
     Private(
         name=f"{_LOADER}._initialize_model",
@@ -104,6 +123,8 @@ LEDGER: tuple[Private, ...] = (
         how="called by the CPU tools under set_default_torch_dtype and a device context",
         read_in="0.5.23",
         remove_when="a public 'build model without weights' in sglang",
+        spelled=("_initialize_model",),
+        accessors=("initialize_model",),
     ),
     Private(
         name=f"{_LOADER}._get_quantization_config",
@@ -112,6 +133,16 @@ LEDGER: tuple[Private, ...] = (
         how="called by the CPU tools with the draft's ModelConfig and LoadConfig",
         read_in="0.5.23",
         remove_when="as _initialize_model",
+        spelled=("_get_quantization_config",),
+        accessors=("quantization_config",),
+        also_spelled_in=(
+            # the e2e server's shim wraps it (it runs inside sglang's server, before the
+            # plugin loads), its log line is what the e2e checks look for, and its test calls
+            # the wrapper and the function it wraps
+            "e2e/site/e2e_shim_modelslim.py",
+            "e2e/checks.py",
+            "test/test_e2e_shims.py",
+        ),
     ),
     Private(
         name="sglang.srt.plugins.hook_registry.HookRegistry._patched",
@@ -120,15 +151,24 @@ LEDGER: tuple[Private, ...] = (
         how="read only, by the Ray launch check (ray_setup.py)",
         read_in="0.5.23",
         remove_when="HookRegistry offers an is_applied(target) query",
+        spelled=("_patched",),
+        accessors=("patched_targets",),
     ),
     Private(
         name="functools.wraps' __wrapped__ on HookRegistry's wrapper",
         why="the CLI loads a draft 'as stock sglang would', i.e. through the unhooked method",
-        how="unhooked(cls) walks the class's MRO for load_weights and unwraps sglang's "
-        "wrapper; a subclass override that calls super() reaches the hooked parent, so "
-        "the CLI switches the hook off instead (tools/verify)",
+        how="unwrapped(method) is the original of a hooked load_weights: the tests, "
+        "benchmarks and the upstream runner load stock with it and tell hooked from stock; "
+        "the CLI switches the hook off instead, since a subclass override that calls super() "
+        "reaches the hooked parent (tools/verify)",
         read_in="0.5.23",
         remove_when="HookRegistry keeps a public map target -> original",
+        spelled=("__wrapped__",),
+        accessors=("unwrapped",),
+        also_spelled_in=(
+            # the e2e shim's test tells the shim's wrapper from the function it wraps
+            "test/test_e2e_shims.py",
+        ),
     ),
     Private(
         name=RAY_LAUNCH_TARGET,
@@ -138,6 +178,14 @@ LEDGER: tuple[Private, ...] = (
         "refusing the launch",
         read_in="0.5.23",
         remove_when="sglang's SchedulerActor calls load_plugins()",
+        spelled=("_launch_scheduler_processes",),
+        accessors=("RAY_LAUNCH_TARGET",),
+        also_spelled_in=(
+            # these tests launch sglang's schedulers as its engines do (Engine's and
+            # RayEngine's method of that name), to see the hooks act in real processes
+            "test/test_processes.py",
+            "test/test_ray.py",
+        ),
     ),
     Private(
         name=f"FusedMoE.{EXPERT_MAP_METHOD}",
@@ -145,6 +193,8 @@ LEDGER: tuple[Private, ...] = (
         how="called per expert id on the built draft's FusedMoE layers (ownership.py)",
         read_in="0.5.23",
         remove_when="FusedMoE exposes the local expert set publicly",
+        spelled=(EXPERT_MAP_METHOD,),
+        accessors=("expert_map",),
     ),
     Private(
         name=f"parameter attribute {GLOBAL_EXPERTS_ATTRIBUTE}",
@@ -152,6 +202,8 @@ LEDGER: tuple[Private, ...] = (
         how="read with getattr on FusedMoE's own parameters",
         read_in="0.5.23",
         remove_when="as the expert map",
+        spelled=(GLOBAL_EXPERTS_ATTRIBUTE,),
+        accessors=("holds_global_experts", "GLOBAL_EXPERTS_ATTRIBUTE"),
     ),
     Private(
         name="sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments",
@@ -173,6 +225,8 @@ LEDGER: tuple[Private, ...] = (
         "rope with sglang's generic factory.get_rope (tools/cpu_env.generic_rope_on_cpu)",
         read_in="0.5.23",
         remove_when="sglang's CPU rope supports every rope type",
+        spelled=("get_rope_cpu",),
+        accessors=("cpu_rope_builder", "set_cpu_rope_builder", "generic_rope_builder"),
     ),
     Private(
         name="is_npu as the draft modules see it (qwen3_5_mtp, qwen3_next_mtp, glm4_moe_nextn, "
@@ -185,6 +239,8 @@ LEDGER: tuple[Private, ...] = (
         "clause (and in forward, never run)",
         read_in="0.5.23",
         remove_when="sglang exposes the draft's quantization decision as a function",
+        spelled=("is_npu",),
+        accessors=("NPU_RULE_MODULES", "draft_module_is_npu", "set_draft_module_is_npu"),
     ),
     Private(
         name=f"{_LOADER}._is_npu",
@@ -197,6 +253,9 @@ LEDGER: tuple[Private, ...] = (
         "CUDA capability check, which a CPU does not need",
         read_in="0.5.23",
         remove_when="sglang applies its packed-module mapping on every platform",
+        spelled=("_is_npu",),
+        accessors=("loader_is_npu", "set_loader_is_npu"),
+        also_spelled_in=("e2e/site/e2e_shim_modelslim.py",),  # see _get_quantization_config
     ),
     Private(
         name="sglang.srt.plugins._get_excluded_dists",
@@ -206,6 +265,8 @@ LEDGER: tuple[Private, ...] = (
         "load_plugins_by_group",
         read_in="0.5.23",
         remove_when="sglang exposes 'which plugins would load' publicly",
+        spelled=("_get_excluded_dists",),
+        accessors=("excluded_plugin_dists",),
     ),
     Private(
         name=f"sglang.srt.layers.parameter.BasevLLMParameter.{V2_LOADER_ATTRIBUTE}",
@@ -216,6 +277,8 @@ LEDGER: tuple[Private, ...] = (
         "restored when load_weights returns (guard/writes.py, through swap_weight_loader)",
         read_in="0.5.23",
         remove_when="sglang reports parameter writes to plugins, or the property gets a setter",
+        spelled=(V2_LOADER_ATTRIBUTE,),
+        accessors=("swap_weight_loader",),
     ),
     Private(
         name="sglang.srt.runtime_context (get_model, get_spec, get_server_args, publish, "
@@ -225,6 +288,15 @@ LEDGER: tuple[Private, ...] = (
         how="read in the server (context.draft_launch); published by the CPU tools",
         read_in="0.5.23",
         remove_when="load_weights receives its load config",
+        spelled=("runtime_context",),
+        accessors=("published_server_args", "draft_server_args", "publish_server_args"),
+        also_spelled_in=(
+            # the rank tests read each rank's parallel context (get_parallel), which the
+            # package never reads, and play the tokenizer's part (publish(role="tokenizer"))
+            "test/support/rank_worker.py",
+            "test/test_processes.py",
+            "test/test_ray.py",
+        ),
     ),
 )
 
@@ -269,6 +341,13 @@ def patched_targets() -> frozenset[str]:
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     return frozenset(HookRegistry._patched)
+
+
+def mtp_file_added(files: list[str], folder: str, index_file: str, hf_config: Any) -> list[str]:
+    """``files`` with GLM NextN's ``mtp.safetensors`` added as the loader adds it."""
+    from sglang.srt.model_loader.loader import maybe_add_mtp_safetensors
+
+    return maybe_add_mtp_safetensors(files, folder, index_file, hf_config)
 
 
 def unwrapped(function: Any) -> Any:

@@ -149,7 +149,7 @@ def resolve_offline(
         CheckpointFormatError: the path is neither a folder nor a cached hub model.
     """
     from sglang.srt.configs.load_config import LoadConfig
-    from sglang.srt.model_loader.loader import DefaultModelLoader, maybe_add_mtp_safetensors
+    from sglang.srt.model_loader.loader import DefaultModelLoader
 
     loader = DefaultModelLoader(LoadConfig(load_format="auto", download_dir=download_dir))
     try:
@@ -174,7 +174,9 @@ def resolve_offline(
             ),
         ) from exc
     if use_safetensors:
-        files = maybe_add_mtp_safetensors(list(files), folder, SGLANG_INDEX, _hf_config_of(folder))
+        files = sglang_private.mtp_file_added(
+            list(files), folder, SGLANG_INDEX, _hf_config_of(folder)
+        )
     return WeightSource(path, folder, tuple(files), f"{_resolver_name()} (offline)")
 
 

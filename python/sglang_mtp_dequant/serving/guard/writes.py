@@ -29,6 +29,7 @@ DeepSeek's loader writes from a thread pool, so the record is locked.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Iterable
@@ -126,8 +127,8 @@ class WriteRecorder:
                         self.fed_by[name].append(source)
             return result
 
-        recording_weight_loader.__wrapped__ = original  # type: ignore[attr-defined]
-        return recording_weight_loader
+        # only the original as __wrapped__ (functools' convention), no name or docstring
+        return functools.update_wrapper(recording_weight_loader, original, assigned=(), updated=())
 
     def _sources_of(self, loaded: object) -> tuple[list[str], bool]:
         """The streamed names a write came from, and whether its bytes told: the tensor itself
