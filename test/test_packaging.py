@@ -214,6 +214,26 @@ def test_formats_import_no_sglang():
             assert not [n for n in names if n.split(".")[0] == "sglang"], (file, names)
 
 
+def test_formats_spell_no_sglang_parameter_name():
+    """sglang's parameter names live in serving/parameter_names.py; formats/ knows checkpoints.
+    The names checked are those no checkpoint spells (``gate_up_proj`` is also Qwen3.5's fused
+    experts tensor, ``down_proj`` a checkpoint projection)."""
+    import re
+
+    from sglang_mtp_dequant.serving import parameter_names as p
+
+    checkpoint = set(p.FUSED_EXPERTS.values())
+    for parts in (*p.EXPERT_PARTS.values(), *p.DEFAULT_PACKED.values()):
+        checkpoint.update(parts)
+    sglang_only = (set(p.EXPERT_PARTS) | set(p.DEFAULT_PACKED)) - checkpoint
+    assert {"w13_weight", "qkv_proj", "fused_qkv_a_proj_with_mqa"} <= sglang_only, sglang_only
+    word = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(sorted(sglang_only)) + r")(?![A-Za-z0-9_])")
+    for folder, _, files in os.walk(os.path.join(PACKAGE, "formats")):
+        for file in (f for f in files if f.endswith(".py")):
+            text = open(os.path.join(folder, file), encoding="utf-8").read()
+            assert not word.findall(text), f"formats/{file} spells {set(word.findall(text))}"
+
+
 #: the folders the ledger test reads: the package, its tests, benchmarks, the e2e harness and
 #: the upstream runner (not sglang's own tree, nor the upstream patches, which are not .py)
 SCANNED = ("python", "test", "benchmarks", "e2e", "upstream")

@@ -1,17 +1,14 @@
-"""Checkpoint naming rules: which names are the draft's, which travel beside a weight, and
-which checkpoint tensors feed which sglang parameter.
+"""Checkpoint naming rules: which names are the draft's and which travel beside a weight.
 
 Usage::
 
     is_draft = nextn_layer(config)                  # name -> bool, for a NextN draft
     split_companion("mtp.fc.weight_scale")          # ("mtp.fc", "weight_scale")
     expert_id("mtp.layers.0.mlp.experts.7.up_proj.weight")    # 7
-    NameIndex(checkpoint_names).sources_of("model.layers.0.qkv_proj.weight")
-    # -> ["mtp.layers.0.self_attn.q_proj.weight", "...k_proj.weight", "...v_proj.weight"]
 
-Why one module: the plan (what to decode), the guard (which checkpoint tensors fed a suspect
-parameter) and verify (how to rebuild a parameter from checkpoint tensors) all depend on the
-same naming facts; kept apart, they drift.
+Why one module: the plan (what to decode), the guard and verify (which checkpoint tensors
+belong together) all depend on the same naming facts; kept apart, they drift. How sglang names
+its parameters is sglang's knowledge: ``serving/parameter_names.py``.
 """
 
 from __future__ import annotations
@@ -49,21 +46,6 @@ ATTENTION_QUANT = {
 QUAROT_FLAG = "is_rot_used"
 QUAROT_FILE = "rot.safetensors"
 QUAROT_TENSOR = "rot.weight"
-
-#: name tokens sglang's draft loaders add or drop between checkpoint and parameter names
-NEUTRAL_TOKENS = frozenset({"model", "mtp", "language_model", "self_attn"})
-#: FusedMoE parameters and the per-expert checkpoint projections stacked into them
-EXPERT_PARTS = {"w13_weight": ("gate_proj", "up_proj"), "w2_weight": ("down_proj",)}
-#: the same, when the checkpoint stores all experts fused in one tensor (no ``.weight``)
-FUSED_EXPERTS = {"w13_weight": "gate_up_proj", "w2_weight": "down_proj"}
-#: stacked parameters and their checkpoint parts, where a class declares none; the MLA drafts
-#: (DeepSeek, GLM-4.7-Flash, GLM-5-Next) concatenate q_a and kv_a in their loaders
-#: (``deepseek_weight_loader.py``) whether or not the class lists it
-DEFAULT_PACKED = {
-    "qkv_proj": ["q_proj", "k_proj", "v_proj"],
-    "gate_up_proj": ["gate_proj", "up_proj"],
-    "fused_qkv_a_proj_with_mqa": ["q_a_proj", "kv_a_proj_with_mqa"],
-}
 
 NameRule = Callable[[str], bool]
 
@@ -230,51 +212,3 @@ def is_fused_experts(name: str) -> bool:
     """All experts in one tensor: ``...experts.gate_up_proj`` / ``...experts.down_proj``."""
     head, _, last = name.rpartition(".")
     return head.endswith("experts") and last.endswith("_proj")
-
-
-# -- which checkpoint tensors feed a parameter ------------------------------------------------
-
-
-def tokens(name: str) -> tuple[str, ...]:
-    return tuple(t for t in name.split(".") if t not in NEUTRAL_TOKENS)
-
-
-class NameIndex:
-    """Maps sglang parameter names back to the checkpoint names that stream into them.
-
-    Derived from names only (sglang's loaders rename ``mtp.X`` to ``model.X``, drop
-    ``self_attn`` and stack q/k/v and gate/up through the class's ``packed_modules_mapping``),
-    so it works for any draft class without hooking its loaders.
-    """
-
-    def __init__(self, names: Iterable[str], packed: Mapping[str, list[str]] | None = None) -> None:
-        self.packed = dict(packed or DEFAULT_PACKED)
-        self.by_tokens: dict[tuple[str, ...], list[str]] = {}
-        for name in names:
-            self.by_tokens.setdefault(tokens(name), []).append(name)
-
-    def sources_of(self, parameter: str) -> list[str]:
-        """The checkpoint names behind ``parameter``, in the order sglang stacks them."""
-        parts = tokens(parameter)
-        if len(parts) >= 2 and parts[-2] == "experts" and parts[-1] in EXPERT_PARTS:
-            fused = self.by_tokens.get(parts[:-1] + (FUSED_EXPERTS[parts[-1]],))
-            return list(fused or self._expert_sources(parts[:-1], EXPERT_PARTS[parts[-1]]))
-        found: list[str] = []
-        for i, token in enumerate(parts):
-            for part in self.packed.get(token, ()):
-                found += self.by_tokens.get(parts[:i] + (part,) + parts[i + 1 :], [])
-        return found or list(self.by_tokens.get(parts, []))
-
-    def _expert_sources(self, prefix: tuple[str, ...], projections: tuple[str, ...]) -> list[str]:
-        found = []
-        for key, names in self.by_tokens.items():
-            rest = key[len(prefix) :]
-            if (
-                key[: len(prefix)] == prefix
-                and len(rest) == 3
-                and rest[0].isdigit()
-                and rest[1] in projections
-                and rest[2] == "weight"
-            ):
-                found += [(int(rest[0]), projections.index(rest[1]), n) for n in names]
-        return [n for _, _, n in sorted(found)]

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from ..formats import naming
+from . import parameter_names
 from .sglang_private import expert_map, holds_global_experts
 
 
@@ -35,7 +36,7 @@ class ExpertOwnership:
     @classmethod
     def of(cls, model: torch.nn.Module) -> ExpertOwnership | None:
         layers = [
-            (naming.tokens(name), module)
+            (parameter_names.tokens(name), module)
             for name, module in model.named_modules()
             if expert_map(module) is not None and hasattr(module, "num_experts")
         ]
@@ -66,7 +67,7 @@ class ExpertOwnership:
     def _layer_for(self, name: str) -> torch.nn.Module | None:
         if len(self.layers) == 1:
             return self.layers[0][1]
-        parts = naming.tokens(name)
+        parts = parameter_names.tokens(name)
         for prefix, module in self.layers:
             if parts[: len(prefix)] == prefix:
                 return module

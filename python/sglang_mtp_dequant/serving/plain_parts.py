@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats.naming import tokens
+from .parameter_names import tokens
 
 
 def quant_owned(model: torch.nn.Module) -> set[str]:
@@ -38,7 +38,7 @@ def quant_owned(model: torch.nn.Module) -> set[str]:
 
 def plain_linears(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
     """Each ``torch.nn.Linear`` of the draft (sglang's own linear layers are not ``nn.Linear``)
-    -> its name tokens as a checkpoint would spell them (``naming.tokens``)."""
+    -> its name tokens as a checkpoint would spell them (``parameter_names.tokens``)."""
     return {
         name: tokens(name)
         for name, module in model.named_modules()

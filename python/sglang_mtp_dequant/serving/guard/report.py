@@ -18,7 +18,7 @@ import torch
 from ...errors import DraftWeightError
 from ...formats.checkpoint import Checkpoint, dtype_name, is_code_dtype
 from ...formats.library import DECODED_FORMATS
-from ...formats.naming import NameIndex
+from ..parameter_names import NameIndex
 from .values import CodeEvidence
 
 MODE_ENV = "SGLANG_MTP_DEQUANT_GUARD"
@@ -107,7 +107,7 @@ def sources_from_checkpoint(checkpoint: Checkpoint) -> list[Source]:
 class SourceIndex:
     """The sources behind each parameter: the names whose writes reached it (the write
     recorder's ``fed_by``), else, for a parameter nothing wrote, the names that would have fed
-    it by sglang's naming (``naming.NameIndex``); with what each streamed as."""
+    it by sglang's naming (``parameter_names.NameIndex``); with what each streamed as."""
 
     def __init__(
         self,

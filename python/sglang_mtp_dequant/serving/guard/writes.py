@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ...formats.naming import DEFAULT_PACKED
+from ..parameter_names import DEFAULT_PACKED
 from ..sglang_private import expert_map, swap_weight_loader
 
 _ALL = ("all",)
@@ -174,7 +174,7 @@ class WriteRecorder:
     def _trace_stacked(self) -> None:
         """What bytes cannot trace: sglang's MLA loaders hold ``q_a_proj`` until
         ``kv_a_proj_with_mqa`` arrives and write the concatenation of the two, a new tensor
-        (DeepSeek's from its thread pool). A name stacked (``naming.DEFAULT_PACKED``, the
+        (DeepSeek's from its thread pool). A name stacked (``parameter_names.DEFAULT_PACKED``, the
         class's ``packed_modules_mapping``) into a parameter with the same tail (e.g.
         ``...fused_qkv_a_proj_with_mqa.weight``) that had a write its bytes did not trace,
         and traced to no other write, fed it."""
