@@ -359,6 +359,52 @@ def _private_spellings(tree, spelled, word) -> list[str]:
     return hits
 
 
+def _sglang_imports() -> dict[tuple[str, str], set[str]]:
+    """(sglang module, name imported from it, "" for the module itself) -> the package modules
+    (paths under the package) importing it, outside the ledger; from the source."""
+    import ast
+
+    found: dict[tuple[str, str], set[str]] = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for file in (f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, file)
+            module = os.path.relpath(path, PACKAGE).replace(os.sep, "/")
+            if module == "serving/sglang_private.py":
+                continue
+            for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+                keys = []
+                if isinstance(node, ast.Import):
+                    keys = [(a.name, "") for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    keys = [(node.module, a.name) for a in node.names]
+                for key in (k for k in keys if k[0].split(".")[0] == "sglang"):
+                    found.setdefault(key, set()).add(module)
+    return found
+
+
+def test_the_public_sglang_imports_are_listed_beside_the_ledger():
+    """serving/sglang_public.py lists every sglang module the package imports outside the
+    ledger, with the names taken and the modules taking them: none missing, none unused."""
+    from sglang_mtp_dequant.serving.sglang_public import PUBLIC_IMPORTS
+
+    found = _sglang_imports()
+    assert ("sglang.srt.plugins.hook_registry", "HookRegistry") in found, sorted(found)
+    listed: dict[tuple[str, str], int] = {}  # key -> the entry listing it
+    for index, entry in enumerate(PUBLIC_IMPORTS):
+        assert entry.why, entry.module
+        for key in [(entry.module, n) for n in entry.names] or [(entry.module, "")]:
+            assert key not in listed, f"{key} listed twice"
+            listed[key] = index
+    missing = sorted(f"{m}: {n or '(the module)'} in {sorted(found[m, n])}"
+                     for m, n in set(found) - set(listed))  # fmt: skip
+    assert not missing, "imported but not in sglang_public.PUBLIC_IMPORTS:\n" + "\n".join(missing)
+    unused = sorted(f"{m}: {n or '(the module)'}" for m, n in set(listed) - set(found))
+    assert not unused, "in sglang_public.PUBLIC_IMPORTS but imported nowhere:\n" + "\n".join(unused)
+    for index, entry in enumerate(PUBLIC_IMPORTS):
+        users = set().union(*(found[key] for key, i in listed.items() if i == index))
+        assert set(entry.used_in) == users, f"{entry.module}: used_in {entry.used_in}, is {users}"
+
+
 def test_third_party_imports_are_in_sglangs_npu_install():
     import ast
     import sys as _sys

@@ -2,7 +2,7 @@
 
 Usage::
 
-    from .sglang_private import LEDGER, prepare_weights, hooked_targets
+    from .sglang_private import LEDGER, prepare_weights, patched_targets
     folder, files, use_safetensors = prepare_weights(loader, path, revision)
     for entry in LEDGER: print(entry.name, entry.read_in, entry.remove_when)
 
@@ -11,9 +11,10 @@ stable API for "which files does the loader stream", "which experts does this ra
 "is this hook applied", so the package reaches into names sglang may rename in any release.
 Each such name is written here and nowhere else (``test/test_packaging.py`` checks it), with
 why it is needed, how it is used, the sglang version it was read in, and what would let it go.
-An sglang upgrade is then a review of this one file. Names sglang documents as its plugin API
+An sglang upgrade is then a review of this file and of ``sglang_public.py`` beside it, which
+lists the public sglang the package imports: names sglang documents as its plugin API
 (``HookRegistry.register``, ``HookType``, ``load_plugins``, the draft classes' public
-``load_weights``) are not private and are not listed.
+``load_weights``) are not private and are not listed here.
 
 Accessors import sglang lazily: importing this module imports nothing of sglang.
 """
