@@ -252,7 +252,7 @@ def _repository_sources() -> list[str]:
 def test_sglangs_private_names_are_spelled_only_in_the_ledger():
     """Every private sglang name the repository touches is one entry of serving/sglang_private.py,
     spelled there, in the paths the entry declares and nowhere else, through accessors someone
-    calls (an sglang upgrade is a review of one file)."""
+    calls (an sglang upgrade is a review of the ledger, and of sglang_public.py beside it)."""
     import ast
     import re
 
@@ -382,6 +382,10 @@ def _sglang_imports() -> dict[tuple[str, str], set[str]]:
     return found
 
 
+def _label(key: tuple[str, str]) -> str:
+    return f"{key[0]}: {key[1] or '(the module)'}"
+
+
 def test_the_public_sglang_imports_are_listed_beside_the_ledger():
     """serving/sglang_public.py lists every sglang module the package imports outside the
     ledger, with the names taken and the modules taking them: none missing, none unused."""
@@ -395,10 +399,9 @@ def test_the_public_sglang_imports_are_listed_beside_the_ledger():
         for key in [(entry.module, n) for n in entry.names] or [(entry.module, "")]:
             assert key not in listed, f"{key} listed twice"
             listed[key] = index
-    missing = sorted(f"{m}: {n or '(the module)'} in {sorted(found[m, n])}"
-                     for m, n in set(found) - set(listed))  # fmt: skip
+    missing = sorted(f"{_label(k)} in {sorted(found[k])}" for k in set(found) - set(listed))
     assert not missing, "imported but not in sglang_public.PUBLIC_IMPORTS:\n" + "\n".join(missing)
-    unused = sorted(f"{m}: {n or '(the module)'}" for m, n in set(listed) - set(found))
+    unused = sorted(_label(key) for key in set(listed) - set(found))
     assert not unused, "in sglang_public.PUBLIC_IMPORTS but imported nowhere:\n" + "\n".join(unused)
     for index, entry in enumerate(PUBLIC_IMPORTS):
         users = set().union(*(found[key] for key, i in listed.items() if i == index))
