@@ -23,8 +23,10 @@ class's ``load_weights``, post-processing):
 Loads alternate (stock, plugin, plugin, stock, ...) after one untimed load of each kind; the
 median of ``--reps`` per kind and size. Beside them, sglang's own ServerArgs and ``ModelConfig``
 of the draft before each load (the same code either way: what sglang spends on the checkpoint's
-size before the loader starts). Every plugin load must stream one file and load
-parameters bit-identical to the plugin's load of the unsharded fixture (checked, not timed).
+size before the loader starts), and the plain read of the index and the description (``read``:
+the bytes any narrowing reads to learn which files hold the draft's tensors). Every plugin load
+must stream one file and load parameters bit-identical to the plugin's load of the unsharded
+fixture (checked, not timed).
 Everything is written under one ``tempfile.TemporaryDirectory`` and removed at the end.
 
 Target (issue #27): plugin / stock <= 0.4 at 200,000 target tensors, and the plugin's load flat
@@ -57,6 +59,7 @@ FIXTURE = "q35_dense_w8a8_dynamic"
 TARGET_SHARDS = 4
 GOAL_AT = 200_000
 KINDS = ("stock", "plugin")
+LISTINGS = ("quant_model_weights.safetensors.index.json", "quant_model_description.json")
 
 
 def write_checkpoint(folder: str, targets: int) -> int:
@@ -89,6 +92,15 @@ def load_once(folder: str, plugin: bool):
     return time.perf_counter() - configured, model, configured - started
 
 
+def read_listings(folder: str) -> float:
+    """Seconds to read the index and the description's bytes (page cache warm after a load)."""
+    started = time.perf_counter()
+    for name in LISTINGS:
+        with open(os.path.join(folder, name), "rb") as handle:
+            handle.read()
+    return time.perf_counter() - started
+
+
 def parameters(model) -> dict:
     return {n: p.detach().clone() for n, p in model.named_parameters() if n != "lm_head.weight"}
 
@@ -110,7 +122,7 @@ def check_plugin_load(model, reference: dict, files: int) -> str:
 
 
 def measure(folder: str, files: int, reps: int, reference: dict) -> dict:
-    times: dict[str, list[float]] = {kind: [] for kind in (*KINDS, "config")}
+    times: dict[str, list[float]] = {kind: [] for kind in (*KINDS, "config", "read")}
     said = ""
     for rep in range(reps):
         for plugin in (False, True) if rep % 2 == 0 else (True, False):
@@ -120,6 +132,7 @@ def measure(folder: str, files: int, reps: int, reference: dict) -> dict:
             if plugin:
                 said = check_plugin_load(model, reference, files)
             del model
+            times["read"].append(read_listings(folder))
     result: dict = {k: statistics.median(v) for k, v in times.items()}
     result["samples"] = times
     result["plugin_says"] = said
@@ -168,12 +181,14 @@ def main() -> int:
     base = rows[args.targets[0]]["plugin"]
     print(f"\nDefaultModelLoader.load_model of the draft, medians of {args.reps} alternated loads:")
     print("| target tensors | files | stock (s) | plugin (s) | plugin / stock | plugin / plugin at "
-          f"{args.targets[0]} | sglang's ModelConfig before either (s) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+          f"{args.targets[0]} | sglang's ModelConfig before either (s) | reading index + "
+          "description (s) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for n, r in rows.items():
         print(
             f"| {n:,} | {r['files']} | {r['stock']:.3f} | {r['plugin']:.3f} "
-            f"| {r['plugin'] / r['stock']:.2f} | {r['plugin'] / base:.2f} | {r['config']:.3f} |"
+            f"| {r['plugin'] / r['stock']:.2f} | {r['plugin'] / base:.2f} | {r['config']:.3f} "
+            f"| {r['read']:.3f} |"
         )
     at = GOAL_AT if GOAL_AT in rows else args.targets[-1]
     ratio = rows[at]["plugin"] / rows[at]["stock"]
@@ -186,12 +201,14 @@ def main() -> int:
     if last != args.targets[0]:
         span = last - args.targets[0]
         slope = {
-            k: (rows[last][k] - rows[args.targets[0]][k]) / span * 1e6 for k in (*KINDS, "config")
+            k: (rows[last][k] - rows[args.targets[0]][k]) / span * 1e6
+            for k in (*KINDS, "config", "read")
         }
         print(
             f"per target tensor, {args.targets[0]:,} to {last:,}: stock {slope['stock']:.2f} us, "
             f"plugin {slope['plugin']:.2f} us (sglang's ModelConfig before the load: "
-            f"{slope['config']:.2f} us)"
+            f"{slope['config']:.2f} us; reading the index and the description: "
+            f"{slope['read']:.2f} us)"
         )
     finish(started, args.json, args.reps, rows)
     print(
