@@ -72,7 +72,6 @@ from dataclasses import dataclass
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
 from machine import describe  # noqa: E402
 from moe_draft import MoeShape, write_checkpoint  # noqa: E402

@@ -14,8 +14,8 @@ tensors it never reads; the cost of walking them is per tensor, not per byte.
 
 In this process (sglang's CPU set-up of ``cpu_sglang.prepare_cpu_process``, plugins loaded by
 sglang's own ``load_plugins()``), each load is sglang's ``DefaultModelLoader.load_model`` of the
-draft's ``ModelConfig`` (``cpu_sglang.load_model``: build, file resolution, weight stream, the
-class's ``load_weights``, post-processing):
+draft's ``ModelConfig`` (``support.cpu_sglang.load_model``: build, file resolution, weight
+stream, the class's ``load_weights``, post-processing):
 
 - ``stock``: with the plugin's hook bypassed (``plugin.bypassed``): what sglang does alone;
 - ``plugin``: through the hook: the narrowed file list, planning, decoding and the guard.
@@ -44,16 +44,12 @@ import tempfile
 import time
 import warnings
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(REPO, "test"))
+import support_on_path  # noqa: F401  (test/ on sys.path, for support.*)
+from bench_scaling import quiet_stderr
+from machine import describe, finish
 
-from bench_scaling import quiet_stderr  # noqa: E402
-from machine import describe, finish  # noqa: E402
-
-from support.paths import fixture_dir  # noqa: E402
-from support.sharded import write_sharded  # noqa: E402
+from support.paths import fixture_dir
+from support.sharded import write_sharded
 
 FIXTURE = "q35_dense_w8a8_dynamic"
 TARGET_SHARDS = 4
@@ -78,7 +74,8 @@ def load_once(folder: str, plugin: bool):
     the last being sglang's own ServerArgs + ``ModelConfig`` of the draft before the load (the
     same code with or without the plugin; it parses the description too)."""
     from sglang_mtp_dequant.serving.plugin import bypassed
-    from sglang_mtp_dequant.tools.cpu_sglang import draft_model_config, load_model, publish_context
+    from sglang_mtp_dequant.tools.cpu_sglang import draft_model_config, publish_context
+    from support.cpu_sglang import load_model
 
     started = time.perf_counter()
     publish_context(folder)

@@ -125,7 +125,7 @@ def _run_layouts(job: RankJob) -> None:
         json.dump(process, handle)
     from sglang.srt.distributed import parallel_state
 
-    from sglang_mtp_dequant.tools.cpu_sglang import join_parallel_world
+    from support.cpu_sglang import join_parallel_world
 
     for layout in job.layouts:
         join_parallel_world(
@@ -279,5 +279,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # run as a script, test/support/ is on sys.path: test/ is, for support.* as in the tests
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     os.environ.setdefault("TQDM_DISABLE", "1")  # sglang's per-shard progress bar
     main()
