@@ -9,7 +9,8 @@ Usage::
     ctx.Process(target=run_rank, args=(RankJob(rank, 2, layouts, out),)).start()
 
     # a benchmark (bench_dequant.py): one command per rank
-    python test/support/rank_worker.py --folder F --rank 0 --world 2 --ep 2 --port P --out DIR
+    PYTHONPATH=test python -m support.rank_worker --folder F --rank 0 --world 2 --ep 2 \
+        --port P --out DIR
 
 Each writes, per layout, into its ``out_dir``:
 
@@ -279,7 +280,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # run as a script, test/support/ is on sys.path: test/ is, for support.* as in the tests
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     os.environ.setdefault("TQDM_DISABLE", "1")  # sglang's per-shard progress bar
     main()
