@@ -92,12 +92,6 @@ PUBLIC_IMPORTS: tuple[PublicImport, ...] = (
         why="the draft's model config, for building it on the CPU",
     ),
     PublicImport(
-        module="sglang.srt.configs.device_config",
-        names=("DeviceConfig",),
-        used_in=("tools/cpu_sglang.py",),
-        why="the CPU device the CPU tools build on",
-    ),
-    PublicImport(
         module="sglang.srt.model_loader.utils",
         names=("set_default_torch_dtype",),
         used_in=("tools/cpu_sglang.py",),
