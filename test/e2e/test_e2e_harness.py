@@ -19,11 +19,11 @@ import time
 import pytest
 from e2e.server import RUN_MARK
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support.paths import E2E, ROOT
+
 #: the harness as users run it: ``python -m e2e`` from the repository root
 HARNESS = ("-m", "e2e")
 
-E2E = os.path.join(ROOT, "test", "fixtures", "e2e")
 FLOAT, W8A8 = os.path.join(E2E, "float"), os.path.join(E2E, "w8a8")
 MOE_FLOAT, MOE_W8A8 = os.path.join(E2E, "moe_float"), os.path.join(E2E, "moe_w8a8")
 HYBRID_FLOAT, HYBRID_W8A8 = os.path.join(E2E, "hybrid_float"), os.path.join(E2E, "hybrid_w8a8")
