@@ -28,9 +28,14 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "test")
+)
 from machine import describe  # noqa: E402
 
-H, INTER, VOCAB = 5120, 17408, 248320
+from support.shapes import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, KV_HEADS, VOCAB  # noqa: E402
+
+H, INTER = HIDDEN, INTERMEDIATE
 DTYPE_BYTES = {"I8": 1, "BF16": 2, "F32": 4}
 
 
@@ -44,12 +49,12 @@ def config_27b() -> dict:
     with open(FIXTURE_CONFIG) as handle:
         config = json.load(handle)
     config["text_config"].update(
-        hidden_size=5120,
-        intermediate_size=17408,
-        num_attention_heads=24,
-        num_key_value_heads=4,
-        head_dim=256,
-        vocab_size=248320,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        vocab_size=VOCAB,
         num_hidden_layers=64,
         layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 16,
         linear_num_value_heads=48,
@@ -73,12 +78,12 @@ def linear(prefix: str, out: int, inp: int, quantized: bool) -> list[tuple[str, 
 def decoder_layer(prefix: str, full_attention: bool) -> list:
     out = []
     if full_attention:
-        out += linear(f"{prefix}.self_attn.q_proj", 24 * 256 * 2, H, True)
-        out += linear(f"{prefix}.self_attn.k_proj", 4 * 256, H, True)
-        out += linear(f"{prefix}.self_attn.v_proj", 4 * 256, H, True)
-        out += linear(f"{prefix}.self_attn.o_proj", H, 24 * 256, True)
-        out += [(f"{prefix}.self_attn.q_norm.weight", "BF16", (256,))]
-        out += [(f"{prefix}.self_attn.k_norm.weight", "BF16", (256,))]
+        out += linear(f"{prefix}.self_attn.q_proj", HEADS * HEAD_DIM * 2, H, True)
+        out += linear(f"{prefix}.self_attn.k_proj", KV_HEADS * HEAD_DIM, H, True)
+        out += linear(f"{prefix}.self_attn.v_proj", KV_HEADS * HEAD_DIM, H, True)
+        out += linear(f"{prefix}.self_attn.o_proj", H, HEADS * HEAD_DIM, True)
+        out += [(f"{prefix}.self_attn.q_norm.weight", "BF16", (HEAD_DIM,))]
+        out += [(f"{prefix}.self_attn.k_norm.weight", "BF16", (HEAD_DIM,))]
     else:
         la = f"{prefix}.linear_attn"
         out += linear(f"{la}.in_proj_qkv", 10240, H, True)

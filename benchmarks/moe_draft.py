@@ -121,8 +121,9 @@ class MoeShape:
 
 def write_checkpoint(folder: str, shape: MoeShape, seed: int = 0) -> dict:
     """Write the checkpoint into ``folder``; returns counts for the caller's report."""
-    if HERE not in sys.path:
-        sys.path.insert(0, HERE)
+    for path in (HERE, os.path.join(REPO, "test")):  # accept/ and support/, run as a script
+        if path not in sys.path:
+            sys.path.insert(0, path)
     from accept.export import DESCRIPTION_GLOBALS, add_w8a8_dynamic
     from safetensors.torch import save_file
 
@@ -137,9 +138,8 @@ def write_checkpoint(folder: str, shape: MoeShape, seed: int = 0) -> dict:
     for name, (out, inp) in shape.quantized().items():
         q = torch.randint(-128, 128, (out, inp), dtype=torch.int8, generator=gen)
         scale = torch.rand((out, 1), generator=gen) * 1e-3 + 1e-5
-        add_w8a8_dynamic(
-            tensors, description, name[: -len(".weight")], q, scale, torch.zeros_like(scale)
-        )
+        parts = {"weight": q, "weight_scale": scale, "weight_offset": torch.zeros_like(scale)}
+        add_w8a8_dynamic(tensors, description, name[: -len(".weight")], parts)
         codes += q.numel()
     description.update(DESCRIPTION_GLOBALS)
     os.makedirs(folder, exist_ok=True)

@@ -179,13 +179,25 @@ def int4_step(tensors: dict[str, torch.Tensor], weight_name: str, in_features: i
 
 
 def quantize_w8a8_dynamic(w: torch.Tensor) -> dict[str, torch.Tensor]:
-    """msmodelslim's W8A8_DYNAMIC export of a float weight: symmetric per-channel minmax int8,
-    ``weight_scale`` f32 (..., out, 1), ``weight_offset`` zeros (``ascendv1.py``,
-    ``on_w8a8_dynamic_per_channel``)."""
-    w = w.float()
-    scale = w.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 127.0
-    q = torch.clamp(torch.round(w / scale), -128, 127).to(torch.int8)
-    return {"weight": q, "weight_scale": scale, "weight_offset": torch.zeros_like(scale)}
+    """msmodelslim 26.1.0's W8A8_DYNAMIC export of a float weight (..., out, in): symmetric
+    per-channel minmax int8, ``weight_scale`` f32 (..., out, 1), ``weight_offset`` zeros.
+
+    Operation for operation as msmodelslim (``core/quantizer/impl/minmax.py``
+    ``WeightPerChannelMinmax``, ``ir/api/impl/int_quantization.py`` ``calculate_int_qparam`` /
+    ``int_quantize``, ``save/ascendv1.py`` ``on_w8a8_dynamic_per_channel``), in ``w``'s own
+    dtype: a bf16 layer rounds in bf16 as msmodelslim does (``benchmarks/accept/writer_proof.py``
+    checks it byte for byte); pass ``w.float()`` for fp32 round-to-nearest.
+    """
+    min_val = torch.amin(w, -1, True)
+    max_val = torch.amax(w, -1, True)
+    eps = torch.tensor([torch.finfo(torch.float32).eps]).type_as(min_val)
+    min_val = torch.min(min_val, torch.zeros_like(min_val))
+    max_val = torch.max(max_val, torch.zeros_like(max_val))
+    scale = torch.max(torch.max(-min_val, max_val) / float(127), eps)
+    codes = (w / scale).round_().clamp_(min=-128, max=127).to(torch.int8)
+    scale = scale.to(torch.float32).contiguous()
+    offset = torch.zeros_like(scale)
+    return {"weight": codes.contiguous(), "weight_scale": scale, "weight_offset": offset}
 
 
 # -- MX, W4A4_DYNAMIC, WFP8AFP8_DYNAMIC: written from msmodelslim 26.1.0's saver ----------------
@@ -201,7 +213,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal dtype, shape and bit pattern (``torch.equal`` takes -0.0 for 0.0 and fails NaN)."""
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     return torch.equal(a.contiguous().view(view), b.contiguous().view(view))
 
 
