@@ -1,7 +1,9 @@
 """An independent dequantizer for the tests, written from the ModelSlim format notes.
 
-It shares no code with the plugin: whatever the plugin computes is compared against this
-straightforward fp32 formula, applied to the raw tensors read with safetensors.
+It shares no code with the plugin's decoders (``formats/schemes``): whatever the plugin computes
+is compared against these straightforward fp32 formulas, applied to the raw tensors read with
+safetensors. The 2-D affine and float8 rules are ``tools/verify``'s independent decoder (itself
+free of ``formats/schemes``); the N-D int4 and MX rules live here.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import os
 import numpy as np
 import torch
 from safetensors.torch import load_file
+
+from sglang_mtp_dequant.tools.verify.independent import independent_dequantize, int4_nibbles
 
 
 def load_all(folder: str) -> dict[str, torch.Tensor]:
@@ -39,21 +43,28 @@ def dequantize_fp32(
     tensors: dict[str, torch.Tensor], weight_name: str, scheme: str
 ) -> torch.Tensor:
     """fp32 ``(q - offset) * scale`` (static W8A8: ``scale = deq_scale / input_scale``)."""
-    base = weight_name[: -len(".weight")]
-    q = tensors[weight_name]
-    if scheme in ("W8A8_DYNAMIC", "W8A16"):
-        scale = expand_to(tensors[base + ".weight_scale"], q.shape)
-        if scheme == "W8A8_DYNAMIC" and base + ".weight_offset" not in tensors:
-            return q.float() * scale  # symmetric by definition: no offset means zero
-        offset = expand_to(tensors[base + ".weight_offset"], q.shape)
-        return (q.float() - offset) * scale
-    if scheme == "W8A8":
-        deq = tensors[base + ".deq_scale"]
-        if deq.dtype == torch.int64:
-            deq = deq.to(torch.int32).view(torch.float32)
-        scale = deq.float() / tensors[base + ".input_scale"].float()
-        return q.float() * scale[:, None]
-    raise AssertionError(f"reference has no rule for {scheme}")
+    if scheme not in ("W8A8_DYNAMIC", "W8A16", "W8A8"):
+        raise AssertionError(f"reference has no rule for {scheme}")
+    return decode(tensors, weight_name, scheme)
+
+
+def decode(
+    tensors: dict[str, torch.Tensor],
+    weight_name: str,
+    scheme: str | None = None,
+    version: str | None = None,
+) -> torch.Tensor:
+    """fp32 weight of a 2-D ``weight_name`` from its companions in ``tensors``, by
+    ``independent_dequantize``; a layout it has no rule for fails the test."""
+    w = independent_dequantize(tensors, weight_name, scheme, version)
+    assert w is not None, f"the independent decoder has no rule for {weight_name} ({scheme})"
+    return w
+
+
+def decode_codes(q: torch.Tensor, **companions: torch.Tensor) -> torch.Tensor:
+    """fp32 weight of the codes ``q`` with companions by suffix (``weight_scale_inv=...``)."""
+    tensors = {"w.weight": q, **{f"w.{suffix}": v for suffix, v in companions.items()}}
+    return decode(tensors, "w.weight")
 
 
 # parameter of the sglang draft -> the checkpoint tensors concatenated into it (TP=1)
@@ -92,16 +103,9 @@ def quantization_step(
 # W4A8 and per-group W4A16 pair output rows, per-channel W4A16 pairs input columns)
 
 
-def _nibbles(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(low, high) nibbles of int8 bytes as signed int16, by masking and re-centring."""
-    byte = packed.to(torch.int16) & 0xFF
-    low, high = byte & 0xF, (byte >> 4) & 0xF
-    return torch.where(low >= 8, low - 16, low), torch.where(high >= 8, high - 16, high)
-
-
 def unpack_int4_rows(packed: torch.Tensor) -> torch.Tensor:
     """(..., out/2, in) -> (..., out, in): even rows low nibble, odd rows high nibble."""
-    low, high = _nibbles(packed)
+    low, high = int4_nibbles(packed)
     shape = list(packed.shape)
     shape[-2] *= 2
     out = torch.empty(shape, dtype=torch.int16)
@@ -111,7 +115,7 @@ def unpack_int4_rows(packed: torch.Tensor) -> torch.Tensor:
 
 def unpack_int4_cols(packed: torch.Tensor) -> torch.Tensor:
     """(..., out, in/2) -> (..., out, in): even columns low nibble, odd columns high nibble."""
-    low, high = _nibbles(packed)
+    low, high = int4_nibbles(packed)
     shape = list(packed.shape)
     shape[-1] *= 2
     out = torch.empty(shape, dtype=torch.int16)
