@@ -4,14 +4,14 @@ Usage::
 
     .venv/bin/python benchmarks/bench_doctor.py [--keep DIR]     # default: a temporary folder
 
-Writes a 27B-shaped msmodelslim W8A8_DYNAMIC checkpoint as *sparse* files (every tensor of
-the real layout with its real shape and dtype: 64 hybrid layers, the vision tower, embedding,
-lm_head and the MTP layer; ~29 GB apparent, a few KB on disk): the headers are real, the
-weight bytes are holes that read as zeros, and the MTP companions (weight_scale, weight_offset)
-hold real values. Then it times the console script end to end (a fresh Python process, as an
-operator runs it) and ``diagnose`` in this process, twice (the first call pays sglang's
-imports). The doctor reads headers and the small companions only (its dry run builds the draft
-on the meta device), so the apparent size must not matter.
+Writes a 27B-shaped msmodelslim W8A8_DYNAMIC checkpoint as *sparse* files (every tensor of the
+real layout with its real shape and dtype: 64 hybrid layers, the vision tower, embedding,
+lm_head and the MTP layer; ~29 GB apparent, a few KB on disk): the headers are real, the weight
+bytes are holes that read as zeros, and the companions (weight_scale, weight_offset) hold real
+values (``support.real_layouts.write_checkpoint``). Then it times the console script end to end
+(a fresh Python process, as an operator runs it) and ``diagnose`` in this process, twice (the
+first call pays sglang's imports). The doctor reads headers and the small companions only (its
+dry run builds the draft on the meta device), so the apparent size must not matter.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -33,10 +32,10 @@ sys.path.insert(
 )
 from machine import describe  # noqa: E402
 
+from support.real_layouts import Layout, write_checkpoint  # noqa: E402
 from support.shapes import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, KV_HEADS, VOCAB  # noqa: E402
 
 H, INTER = HIDDEN, INTERMEDIATE
-DTYPE_BYTES = {"I8": 1, "BF16": 2, "F32": 4}
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -132,48 +131,19 @@ def layout() -> list[tuple[str, str, tuple]]:
 
 
 def write_sparse_checkpoint(folder: str, shards: int = 12) -> tuple[list, int]:
+    """The layout in ``shards`` files with an index, through the tests' header-first writer
+    (``support.real_layouts.write_checkpoint``, sparse); returns the tensors and the apparent
+    bytes."""
     tensors = layout()
     per_shard = -(-len(tensors) // shards)
     description = {"model_quant_type": "W8A8_DYNAMIC", "version": "1.0.0", "group_size": 0}
-    weight_map, apparent = {}, 0
+    checkpoint = Layout(description=description, config=config_27b())
     for s in range(shards):
-        part = sorted(tensors[s * per_shard : (s + 1) * per_shard])
-        name = f"quant_model_weights-{s + 1:05d}-of-{shards:05d}.safetensors"
-        header, offset, companions = {"__metadata__": {"format": "pt"}}, 0, []
-        for tensor, dtype, shape in part:
-            size = int(np.prod(shape)) * DTYPE_BYTES[dtype]
-            header[tensor] = {
-                "dtype": dtype,
-                "shape": list(shape),
-                "data_offsets": [offset, offset + size],
-            }
-            if tensor.endswith(".weight_scale"):
-                companions.append((offset, size))
-            offset += size
-            weight_map[tensor] = name
-            description[tensor] = (
-                "W8A8_DYNAMIC"
-                if dtype == "I8" or "_scale" in tensor or "_offset" in tensor
-                else "FLOAT"
-            )
-        blob = json.dumps(header).encode()
-        blob += b" " * (-len(blob) % 8)
-        path = os.path.join(folder, name)
-        with open(path, "wb") as handle:
-            handle.write(struct.pack("<Q", len(blob)) + blob)
-            base = handle.tell()
-            for start, size in companions:  # real, positive scales; everything else a hole
-                handle.seek(base + start)
-                handle.write(np.full(size // 4, 0.01, dtype=np.float32).tobytes())
-            handle.truncate(base + offset)
-        apparent += base + offset
-    with open(os.path.join(folder, "quant_model_weights.safetensors.index.json"), "w") as handle:
-        json.dump({"metadata": {}, "weight_map": weight_map}, handle)
-    with open(os.path.join(folder, "quant_model_description.json"), "w") as handle:
-        json.dump(description, handle)
-    with open(os.path.join(folder, "config.json"), "w") as handle:
-        json.dump(config_27b(), handle)
-    return tensors, apparent
+        file = f"quant_model_weights-{s + 1:05d}-of-{shards:05d}.safetensors"
+        for tensor, dtype, shape in tensors[s * per_shard : (s + 1) * per_shard]:
+            quantized = dtype == "I8" or "_scale" in tensor or "_offset" in tensor
+            checkpoint.add(tensor, dtype, shape, "W8A8_DYNAMIC" if quantized else "FLOAT", file)
+    return tensors, write_checkpoint(folder, checkpoint, sparse=True, index=True)
 
 
 def main() -> None:

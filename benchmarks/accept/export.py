@@ -35,6 +35,7 @@ import shutil
 import torch
 from safetensors.torch import save_file
 
+from support.checkpoints import write_modelslim_checkpoint
 from support.reference import quantize_w8a8_dynamic
 
 from .model import FULL, LINEAR, TinyQwen35
@@ -174,19 +175,10 @@ def modelslim_tensors(float_tensors: dict) -> tuple[dict, dict]:
     return tensors, description
 
 
-def write_modelslim_checkpoint(model: TinyQwen35, float_tensors: dict, folder: str) -> dict:
+def export_modelslim(model: TinyQwen35, float_tensors: dict, folder: str) -> dict:
     """The ModelSlim V1 folder sglang is given on an Ascend server; returns its description."""
     shutil.rmtree(folder, ignore_errors=True)
-    os.makedirs(folder)
     tensors, description = modelslim_tensors(float_tensors)
-    save_file(tensors, os.path.join(folder, SHARD), metadata={"format": "pt"})
-    index = {
-        "metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
-        "weight_map": {name: SHARD for name in tensors},
-    }
-    with open(os.path.join(folder, INDEX), "w", encoding="utf-8") as handle:
-        json.dump(index, handle, indent=2)
-    with open(os.path.join(folder, DESCRIPTION), "w", encoding="utf-8") as handle:
-        json.dump(description, handle, indent=4)
+    write_modelslim_checkpoint(folder, tensors, description, shard=SHARD, index=True, indent=4)
     _write_config(folder, model)
     return description
