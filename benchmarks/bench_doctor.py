@@ -25,15 +25,11 @@ import tempfile
 import time
 
 import numpy as np
+import support_on_path  # noqa: F401  (test/ on sys.path, for support.*)
+from machine import describe
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "test")
-)
-from machine import describe  # noqa: E402
-
-from support.real_layouts import Layout, write_checkpoint  # noqa: E402
-from support.shapes import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, KV_HEADS, VOCAB  # noqa: E402
+from support.real_layouts import Layout, write_checkpoint
+from support.shapes import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, KV_HEADS, VOCAB
 
 H, INTER = HIDDEN, INTERMEDIATE
 

@@ -20,21 +20,14 @@ On a GPU the guard runs where the parameters are; this measures the CPU only.
 from __future__ import annotations
 
 import gc
-import os
-import sys
 import time
 
+import support_on_path  # noqa: F401  (test/ on sys.path, for support.*)
 import torch
+from machine import describe
 
 from sglang_mtp_dequant.serving.guard import inspect_parameters
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "test")
-)
-from machine import describe  # noqa: E402
-
-from support.shapes import HEAD_DIM, HIDDEN, QWEN35_27B_MTP  # noqa: E402
+from support.shapes import HEAD_DIM, HIDDEN, QWEN35_27B_MTP
 
 _MTP = {name.split(".")[-2]: shape for name, shape in QWEN35_27B_MTP.items()}
 

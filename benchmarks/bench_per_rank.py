@@ -46,9 +46,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(REPO, "test"))
 
+import support_on_path  # noqa: E402, F401  (test/ on sys.path, for support.*)
 from machine import describe  # noqa: E402
 
 from support.shapes import QWEN35_27B_MTP  # noqa: E402

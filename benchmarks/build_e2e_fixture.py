@@ -30,7 +30,6 @@ import os
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "test"))
 
 from accept import env  # noqa: E402
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -122,9 +121,7 @@ class MoeShape:
 
 def write_checkpoint(folder: str, shape: MoeShape, seed: int = 0) -> dict:
     """Write the checkpoint into ``folder``; returns counts for the caller's report."""
-    for path in (HERE, os.path.join(REPO, "test")):  # accept/ and support/, run as a script
-        if path not in sys.path:
-            sys.path.insert(0, path)
+    import support_on_path  # noqa: F401  (test/ on sys.path, for support.*)
     from accept.export import DESCRIPTION_GLOBALS, add_w8a8_dynamic
 
     from support.checkpoints import write_modelslim_checkpoint

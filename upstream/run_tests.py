@@ -40,11 +40,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tree  # noqa: E402
+import tree
 
-from sglang_mtp_dequant.formats.config import CheckpointConfig  # noqa: E402
-from sglang_mtp_dequant.formats.naming import mtp_prefix, nextn_layer  # noqa: E402
+from sglang_mtp_dequant.formats.config import CheckpointConfig
+from sglang_mtp_dequant.formats.naming import mtp_prefix, nextn_layer
 
 ROOT = tree.ROOT
 FIXTURES = ROOT / "test" / "fixtures" / "modelslim"
@@ -183,7 +182,7 @@ def step_fixtures(
     plugin off: bit-identical, or refused by the tree for a scheme it does not decode."""
     from safetensors.torch import load_file
 
-    sys.path.insert(0, str(ROOT / "test"))
+    sys.path.insert(0, str(ROOT / "test"))  # the tests' same_bits (test/support/reference.py)
     from support.reference import same_bits
 
     covered, refused, skipped = fixture_folders(architectures)

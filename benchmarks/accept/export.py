@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 
+import support_on_path  # noqa: F401  (test/ on sys.path, for support.*)
 import torch
 from safetensors.torch import save_file
 
