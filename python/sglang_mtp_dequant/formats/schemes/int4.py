@@ -24,7 +24,7 @@ where shapes alone cannot tell, the description's ``version`` decide:
 Sources: msmodelslim 26.1.0 ``llm_ptq_tools/save/complex_quantifier.py`` (``_w4a16_pack_int4``,
 ``_w4a8_pack_int4``, the two-stage export) and ``modelslim_v1/save/ascendv1.py``
 (``on_w4a8_dynamic``); vllm-ascend's ``AscendW4A8DynamicLinearMethod`` reads the same layouts.
-Every rule here is checked against the tool's own output in ``test/test_int4.py``.
+Every rule here is checked against the tool's own output in ``test/integration/test_int4.py``.
 
 Arithmetic:
 
