@@ -142,7 +142,7 @@ LEDGER: tuple[Private, ...] = (
             # the wrapper and the function it wraps
             "e2e/site/e2e_shim_modelslim.py",
             "e2e/checks.py",
-            "test/test_e2e_shims.py",
+            "test/e2e/test_e2e_shims.py",
         ),
     ),
     Private(
@@ -168,7 +168,7 @@ LEDGER: tuple[Private, ...] = (
         accessors=("unwrapped",),
         also_spelled_in=(
             # the e2e shim's test tells the shim's wrapper from the function it wraps
-            "test/test_e2e_shims.py",
+            "test/e2e/test_e2e_shims.py",
         ),
     ),
     Private(
@@ -184,8 +184,8 @@ LEDGER: tuple[Private, ...] = (
         also_spelled_in=(
             # these tests launch sglang's schedulers as its engines do (Engine's and
             # RayEngine's method of that name), to see the hooks act in real processes
-            "test/test_processes.py",
-            "test/test_ray.py",
+            "test/integration/test_processes.py",
+            "test/integration/test_ray.py",
         ),
     ),
     Private(
@@ -295,8 +295,8 @@ LEDGER: tuple[Private, ...] = (
             # the rank tests read each rank's parallel context (get_parallel), which the
             # package never reads, and play the tokenizer's part (publish(role="tokenizer"))
             "test/support/rank_worker.py",
-            "test/test_processes.py",
-            "test/test_ray.py",
+            "test/integration/test_processes.py",
+            "test/integration/test_ray.py",
         ),
     ),
 )
