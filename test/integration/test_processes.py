@@ -137,7 +137,10 @@ def write_probe_site(folder: str) -> str:
 
 def probe_env(site: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "SGLANG_PLUGINS"}
-    env["PYTHONPATH"] = os.pathsep.join([site, TEST, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    # this folder too: the probe's entry point is test_processes:register_probe
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = [site, TEST, here, env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(paths).rstrip(os.pathsep)
     env.update(extra)
     return env
 
