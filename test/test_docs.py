@@ -2,11 +2,14 @@
 ``#fragment`` into a Markdown file, a heading there has that GitHub anchor.
 
 The README's set-up figures point at a section of docs/results.md; a renamed or missing
-section would leave a new user's first link dead, which nothing else would notice.
+section would leave a new user's first link dead, which nothing else would notice. The same
+file checks that every repository path in a code span exists, that the package's module
+docstrings stay short (purpose and usage) and that its docstrings tell no history.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -136,3 +139,46 @@ def test_every_repository_path_in_a_code_span_exists():
                 line = text.count("\n", 0, match.start()) + 1
                 stale.append(f"{name}:{line}: {match.group(1)}")
     assert not stale, stale
+
+
+def package_modules() -> list[str]:
+    return sorted(
+        os.path.join(parent, f)
+        for parent, _, files in os.walk(PACKAGE)
+        for f in files
+        if f.endswith(".py")
+    )
+
+
+#: a module docstring says purpose and usage; the detail sits on the class or function it is
+#: about, the format tables in docs/layouts.md (about 20 lines, as sglang's hook_registry.py)
+MODULE_DOCSTRING_LINES = 22
+
+
+@pytest.mark.parametrize("module", package_modules(), ids=lambda p: os.path.relpath(p, ROOT))
+def test_module_docstrings_are_short(module):
+    with open(module, encoding="utf-8") as f:
+        doc = ast.get_docstring(ast.parse(f.read()), clean=False)
+    lines = len((doc or "").strip("\n").splitlines())
+    assert lines <= MODULE_DOCSTRING_LINES, f"{lines} lines of module docstring"
+
+
+#: phrases that tell the code's history instead of what it does (history is git's)
+HISTORY = re.compile(r"\b(used to|no longer|was moved|previously)\b", re.IGNORECASE)
+
+
+def test_package_docstrings_tell_no_history():
+    told = []
+    for module in package_modules():
+        with open(module, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if not isinstance(
+                node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+            ):
+                continue
+            doc = ast.get_docstring(node, clean=False) or ""
+            for match in HISTORY.finditer(doc):
+                name = getattr(node, "name", "<module>")
+                told.append(f"{os.path.relpath(module, ROOT)}: {name}: {match.group(0)!r}")
+    assert not told, told
