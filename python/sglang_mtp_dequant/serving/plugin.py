@@ -158,7 +158,7 @@ UPSTREAM_FIX = "sglang.srt.layers.quantization.modelslim.modelslim_draft"
 UPSTREAM_FIX_MARKER = "ModelSlimDraftWeightError"
 
 
-def sglang_dequantizes_drafts(load_weights: Any = None) -> bool:
+def sglang_dequantizes_drafts(load_weights: Callable[..., Any] | None = None) -> bool:
     """Whether this sglang has the fix itself (feature-detected, not by version): for every
     draft class, or for the one whose (unwrapped) ``load_weights`` is given."""
     try:
