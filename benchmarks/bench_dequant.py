@@ -72,7 +72,6 @@ from dataclasses import dataclass
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
 from machine import describe  # noqa: E402
 from moe_draft import MoeShape, write_checkpoint  # noqa: E402
@@ -241,11 +240,16 @@ def _rank_processes(folder: str, out_dir: str, world: int, ep: int, tag: str) ->
     from sglang_mtp_dequant.tools.cpu_sglang import free_port
 
     port = free_port()
-    worker = os.path.join(os.path.dirname(HERE), "test", "support", "rank_worker.py")
+    # the worker imports support.* as the tests do: test/ on the child's PYTHONPATH
+    test_dir = os.path.join(os.path.dirname(HERE), "test")
+    inherited = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [test_dir, inherited]))}
     procs = [
         subprocess.Popen(
-            [sys.executable, worker, "--folder", folder, "--rank", str(r), "--world", str(world)]
-            + ["--ep", str(ep), "--port", str(port), "--out", out_dir, "--tag", tag],
+            [sys.executable, "-m", "support.rank_worker", "--folder", folder, "--rank", str(r)]
+            + ["--world", str(world), "--ep", str(ep), "--port", str(port), "--out", out_dir]
+            + ["--tag", tag],
+            env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

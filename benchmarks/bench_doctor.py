@@ -26,9 +26,7 @@ import tempfile
 import time
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine import describe  # noqa: E402
+from machine import describe
 
 H, INTER, VOCAB = 5120, 17408, 248320
 DTYPE_BYTES = {"I8": 1, "BF16": 2, "F32": 4}

@@ -24,13 +24,11 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "test"))
-from bench_doctor import write_sparse_checkpoint  # noqa: E402
-from machine import describe  # noqa: E402
+import support_on_path  # noqa: F401  (test/ on sys.path, for support.*)
+from bench_doctor import write_sparse_checkpoint
+from machine import describe
 
-from support.real_layouts import draft_rows, glm51_w8a8, write_checkpoint  # noqa: E402
+from support.real_layouts import draft_rows, glm51_w8a8, write_checkpoint
 
 
 def console(folder: str, log: str) -> tuple[float, dict, int]:

@@ -14,8 +14,8 @@ tensors it never reads; the cost of walking them is per tensor, not per byte.
 
 In this process (sglang's CPU set-up of ``cpu_sglang.prepare_cpu_process``, plugins loaded by
 sglang's own ``load_plugins()``), each load is sglang's ``DefaultModelLoader.load_model`` of the
-draft's ``ModelConfig`` (``cpu_sglang.load_model``: build, file resolution, weight stream, the
-class's ``load_weights``, post-processing):
+draft's ``ModelConfig`` (``support.cpu_sglang.load_model``: build, file resolution, weight
+stream, the class's ``load_weights``, post-processing):
 
 - ``stock``: with the plugin's hook bypassed (``plugin.bypassed``): what sglang does alone;
 - ``plugin``: through the hook: the narrowed file list, planning, decoding and the guard.
@@ -23,8 +23,10 @@ class's ``load_weights``, post-processing):
 Loads alternate (stock, plugin, plugin, stock, ...) after one untimed load of each kind; the
 median of ``--reps`` per kind and size. Beside them, sglang's own ServerArgs and ``ModelConfig``
 of the draft before each load (the same code either way: what sglang spends on the checkpoint's
-size before the loader starts). Every plugin load must stream one file and load
-parameters bit-identical to the plugin's load of the unsharded fixture (checked, not timed).
+size before the loader starts), and the plain read of the index and the description (``read``:
+the bytes any narrowing reads to learn which files hold the draft's tensors). Every plugin load
+must stream one file and load parameters bit-identical to the plugin's load of the unsharded
+fixture (checked, not timed).
 Everything is written under one ``tempfile.TemporaryDirectory`` and removed at the end.
 
 Target (issue #27): plugin / stock <= 0.4 at 200,000 target tensors, and the plugin's load flat
@@ -42,21 +44,18 @@ import tempfile
 import time
 import warnings
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(REPO, "test"))
+import support_on_path  # noqa: F401  (test/ on sys.path, for support.*)
+from bench_scaling import quiet_stderr
+from machine import describe, finish
 
-from bench_scaling import quiet_stderr  # noqa: E402
-from machine import describe, finish  # noqa: E402
-
-from support.paths import fixture_dir  # noqa: E402
-from support.sharded import write_sharded  # noqa: E402
+from support.paths import fixture_dir
+from support.sharded import write_sharded
 
 FIXTURE = "q35_dense_w8a8_dynamic"
 TARGET_SHARDS = 4
 GOAL_AT = 200_000
 KINDS = ("stock", "plugin")
+LISTINGS = ("quant_model_weights.safetensors.index.json", "quant_model_description.json")
 
 
 def write_checkpoint(folder: str, targets: int) -> int:
@@ -75,7 +74,8 @@ def load_once(folder: str, plugin: bool):
     the last being sglang's own ServerArgs + ``ModelConfig`` of the draft before the load (the
     same code with or without the plugin; it parses the description too)."""
     from sglang_mtp_dequant.serving.plugin import bypassed
-    from sglang_mtp_dequant.tools.cpu_sglang import draft_model_config, load_model, publish_context
+    from sglang_mtp_dequant.tools.cpu_sglang import draft_model_config, publish_context
+    from support.cpu_sglang import load_model
 
     started = time.perf_counter()
     publish_context(folder)
@@ -87,6 +87,15 @@ def load_once(folder: str, plugin: bool):
         with bypassed():
             model = load_model(config)
     return time.perf_counter() - configured, model, configured - started
+
+
+def read_listings(folder: str) -> float:
+    """Seconds to read the index and the description's bytes (page cache warm after a load)."""
+    started = time.perf_counter()
+    for name in LISTINGS:
+        with open(os.path.join(folder, name), "rb") as handle:
+            handle.read()
+    return time.perf_counter() - started
 
 
 def parameters(model) -> dict:
@@ -110,7 +119,7 @@ def check_plugin_load(model, reference: dict, files: int) -> str:
 
 
 def measure(folder: str, files: int, reps: int, reference: dict) -> dict:
-    times: dict[str, list[float]] = {kind: [] for kind in (*KINDS, "config")}
+    times: dict[str, list[float]] = {kind: [] for kind in (*KINDS, "config", "read")}
     said = ""
     for rep in range(reps):
         for plugin in (False, True) if rep % 2 == 0 else (True, False):
@@ -120,6 +129,7 @@ def measure(folder: str, files: int, reps: int, reference: dict) -> dict:
             if plugin:
                 said = check_plugin_load(model, reference, files)
             del model
+            times["read"].append(read_listings(folder))
     result: dict = {k: statistics.median(v) for k, v in times.items()}
     result["samples"] = times
     result["plugin_says"] = said
@@ -168,12 +178,14 @@ def main() -> int:
     base = rows[args.targets[0]]["plugin"]
     print(f"\nDefaultModelLoader.load_model of the draft, medians of {args.reps} alternated loads:")
     print("| target tensors | files | stock (s) | plugin (s) | plugin / stock | plugin / plugin at "
-          f"{args.targets[0]} | sglang's ModelConfig before either (s) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+          f"{args.targets[0]} | sglang's ModelConfig before either (s) | reading index + "
+          "description (s) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for n, r in rows.items():
         print(
             f"| {n:,} | {r['files']} | {r['stock']:.3f} | {r['plugin']:.3f} "
-            f"| {r['plugin'] / r['stock']:.2f} | {r['plugin'] / base:.2f} | {r['config']:.3f} |"
+            f"| {r['plugin'] / r['stock']:.2f} | {r['plugin'] / base:.2f} | {r['config']:.3f} "
+            f"| {r['read']:.3f} |"
         )
     at = GOAL_AT if GOAL_AT in rows else args.targets[-1]
     ratio = rows[at]["plugin"] / rows[at]["stock"]
@@ -186,12 +198,14 @@ def main() -> int:
     if last != args.targets[0]:
         span = last - args.targets[0]
         slope = {
-            k: (rows[last][k] - rows[args.targets[0]][k]) / span * 1e6 for k in (*KINDS, "config")
+            k: (rows[last][k] - rows[args.targets[0]][k]) / span * 1e6
+            for k in (*KINDS, "config", "read")
         }
         print(
             f"per target tensor, {args.targets[0]:,} to {last:,}: stock {slope['stock']:.2f} us, "
             f"plugin {slope['plugin']:.2f} us (sglang's ModelConfig before the load: "
-            f"{slope['config']:.2f} us)"
+            f"{slope['config']:.2f} us; reading the index and the description: "
+            f"{slope['read']:.2f} us)"
         )
     finish(started, args.json, args.reps, rows)
     print(

@@ -20,16 +20,12 @@ On a GPU the guard runs where the parameters are; this measures the CPU only.
 from __future__ import annotations
 
 import gc
-import os
-import sys
 import time
 
 import torch
+from machine import describe
 
 from sglang_mtp_dequant.serving.guard import inspect_parameters
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine import describe  # noqa: E402
 
 # (name, shape) of every parameter the guard inspects in sglang's Qwen3.5-27B MTP draft
 QWEN35_27B_DRAFT = [

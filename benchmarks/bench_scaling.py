@@ -47,11 +47,9 @@ import tempfile
 import time
 import warnings
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from machine import describe, finish  # noqa: E402
-from moe_draft import MoeShape, write_checkpoint  # noqa: E402
+import support_on_path  # noqa: F401  (test/ on sys.path, for support.*)
+from machine import describe, finish
+from moe_draft import MoeShape, write_checkpoint
 
 
 @contextlib.contextmanager
@@ -73,7 +71,8 @@ def quiet_stderr():
 
 def load_once(folder: str, plugin: bool) -> float:
     """One ``load_weights`` of a freshly built draft; seconds of the load alone."""
-    from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
+    from sglang_mtp_dequant.tools.cpu_sglang import sglang_weights
+    from support.cpu_sglang import new_draft
 
     config, model = new_draft(folder)
     method = type(model).load_weights

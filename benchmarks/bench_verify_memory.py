@@ -20,9 +20,8 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_doctor import write_sparse_checkpoint  # noqa: E402
-from machine import describe  # noqa: E402
+from bench_doctor import write_sparse_checkpoint
+from machine import describe
 
 
 def main() -> None:

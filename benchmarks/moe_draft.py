@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -121,8 +120,6 @@ class MoeShape:
 
 def write_checkpoint(folder: str, shape: MoeShape, seed: int = 0) -> dict:
     """Write the checkpoint into ``folder``; returns counts for the caller's report."""
-    if HERE not in sys.path:
-        sys.path.insert(0, HERE)
     from accept.export import DESCRIPTION_GLOBALS, add_w8a8_dynamic
     from safetensors.torch import save_file
 

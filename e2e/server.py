@@ -150,13 +150,6 @@ class ServerRun:
         return env
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on now (the kernel's choice)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def port_in_use(port: int) -> bool:
     with socket.socket() as sock:
         try:
@@ -200,7 +193,12 @@ class Server:
         start_timeout: float = 600.0,
     ) -> None:
         self.run = run
-        self.port = port if port is not None else free_port()
+        if port is None:
+            # the package's one free_port, imported here: it brings torch, which --help skips
+            from sglang_mtp_dequant.tools.cpu_sglang import free_port
+
+            port = free_port()
+        self.port = port
         self.log_path = os.path.join(log_dir, f"server-{run.label}.log")
         self.start_timeout = start_timeout
         self.process: subprocess.Popen | None = None

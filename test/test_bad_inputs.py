@@ -98,7 +98,8 @@ def test_scheme_the_plugin_does_not_decode(load_draft, copy_checkpoint):
 
 def test_refused_before_any_parameter_is_written(load_draft, copy_checkpoint, sglang_cpu):
     """The plan is checked before streaming: a refused load writes nothing into the draft."""
-    from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
+    from sglang_mtp_dequant.tools.cpu_sglang import sglang_weights
+    from support.cpu_sglang import new_draft
 
     folder = copy_checkpoint(NAME)
     edit_shard(folder, dropping("mtp.layers.0.mlp.down_proj.weight_scale"))

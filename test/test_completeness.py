@@ -337,7 +337,8 @@ def test_the_declaration_is_what_leaves_lm_head_out(sglang_cpu):
     declaration, not luck, keeps it out of the audit."""
     from sglang_mtp_dequant.serving.drafts import spec_for_architecture
     from sglang_mtp_dequant.serving.guard import WriteRecorder
-    from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
+    from sglang_mtp_dequant.tools.cpu_sglang import sglang_weights
+    from support.cpu_sglang import new_draft
 
     folder = fixture_dir(FLOAT)
     spec = spec_for_architecture("Qwen3_5ForConditionalGeneration")

@@ -2,8 +2,8 @@
 
 Real: each sglang 0.5.23 draft class (built on CPU with a tiny config of its own config class),
 its own ``load_weights`` reached through the hook ``load_plugins()`` installed, the lazy weight
-stream of sglang's ``DefaultModelLoader`` for the checkpoint folder (``cpu_sglang.path_weights``),
-and msmodelslim 26.1.0's int8 codes.
+stream of sglang's ``DefaultModelLoader`` for the checkpoint folder
+(``support.cpu_sglang.path_weights``), and msmodelslim 26.1.0's int8 codes.
 
 Qwen3-Next's and Qwen4-Exp's MTP layer has the Qwen3.5-MoE shapes, so they load the tool's
 ``q35moe_w8a8_dynamic`` tensors as written (Qwen3-Next also with the attention of the static

@@ -391,7 +391,8 @@ def _recorded_stock_load(folder: str):
     from sglang_mtp_dequant.serving.drafts import spec_for_architecture
     from sglang_mtp_dequant.serving.load_record import DraftLoad
     from sglang_mtp_dequant.serving.stream import StreamStats
-    from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
+    from sglang_mtp_dequant.tools.cpu_sglang import sglang_weights
+    from support.cpu_sglang import new_draft
 
     config, model = new_draft(folder)
     spec = spec_for_architecture("Qwen3_5ForConditionalGeneration")

@@ -53,8 +53,8 @@ def stream_through_plugin(folder: str, dtype: torch.dtype) -> dict[str, torch.Te
     draft (these V0 fixtures are whole Qwen3 layers: there is no Qwen3 draft class to build)."""
     from sglang_mtp_dequant.formats.plan import DequantPlan
     from sglang_mtp_dequant.serving.stream import DequantizingStream
-    from sglang_mtp_dequant.tools.cpu_sglang import path_weights
     from support.checkpoints import open_checkpoint
+    from support.cpu_sglang import path_weights
 
     plan = DequantPlan.build(open_checkpoint(folder, wanted=lambda name: True))
     plan.raise_first_error()

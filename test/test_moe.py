@@ -296,8 +296,8 @@ def test_stream_holds_no_decoded_tensor_after_yielding():
     """The transform is lazy: each decoded tensor is released once sglang's loader drops it."""
     from sglang_mtp_dequant.formats.plan import DequantPlan
     from sglang_mtp_dequant.serving.stream import DequantizingStream
-    from sglang_mtp_dequant.tools.cpu_sglang import path_weights
     from support.checkpoints import open_checkpoint
+    from support.cpu_sglang import path_weights
 
     folder = fixture_dir(MOE)
     is_draft = lambda name: name.startswith("mtp.")  # noqa: E731

@@ -1,8 +1,8 @@
 """The draft streams only the files that hold its tensors, and never less than its class needs.
 
 Every load here is sglang 0.5.23's own ``DefaultModelLoader.load_model`` of the draft's
-``ModelConfig`` (``cpu_sglang.load_model``: sglang's file resolution, weight stream, the real
-draft class and its ``load_weights``, hooked by ``load_plugins()``), from msmodelslim's own
+``ModelConfig`` (``support.cpu_sglang.load_model``: sglang's file resolution, weight stream, the
+real draft class and its ``load_weights``, hooked by ``load_plugins()``), from msmodelslim's own
 fixtures rewritten as sharded V1 exports (``support/sharded.py``): the draft's names spread
 over several shards (the embedding in the first, the MTP layer split across two, a weight and
 its scale in different shards), shards of target tensors the draft never reads, every name in
@@ -99,7 +99,8 @@ def load(sglang_cpu, caplog):
 
     from sglang_mtp_dequant.serving.plugin import bypassed
     from sglang_mtp_dequant.tools.cpu_env import npu_quantization_rule
-    from sglang_mtp_dequant.tools.cpu_sglang import draft_model_config, load_model, publish_context
+    from sglang_mtp_dequant.tools.cpu_sglang import draft_model_config, publish_context
+    from support.cpu_sglang import load_model
 
     caplog.set_level(logging.INFO)
 

@@ -94,11 +94,8 @@ def _build_and_load(name: str, *, plugin: bool, nan: bool = False) -> dict[str, 
     load_weights from DefaultModelLoader's stream of the folder; ``plugin=False`` is stock sglang
     (the hook bypassed: GLM-5's own load_weights reaches the hook through super())."""
     from sglang_mtp_dequant.serving.plugin import bypassed
-    from sglang_mtp_dequant.tools.cpu_sglang import (
-        build_draft_class,
-        path_weights,
-        publish_context,
-    )
+    from sglang_mtp_dequant.tools.cpu_sglang import publish_context
+    from support.cpu_sglang import build_draft_class, path_weights
 
     folder = fixture_dir(name)
     publish_context(TARGET, draft_path=folder)  # the hook plans from the draft path

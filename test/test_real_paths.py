@@ -466,7 +466,8 @@ def test_sharded_hub_snapshot_streams_only_the_drafts_shards(hub, sglang_cpu, tm
     draft's shards (the index names them, never the blobs they point to), and the draft holds
     the reference values bit for bit."""
     from sglang_mtp_dequant.serving.context import weight_sources
-    from sglang_mtp_dequant.tools.cpu_sglang import draft_model_config, load_model, publish_context
+    from sglang_mtp_dequant.tools.cpu_sglang import draft_model_config, publish_context
+    from support.cpu_sglang import load_model
     from support.sharded import write_sharded
 
     def shard_of(name: str) -> int:  # the embedding (the draft loads it too) beside the MTP
@@ -525,7 +526,7 @@ def test_modelscope_model_id_resolved_by_sglang(modelscope_home, tmp_path, monke
     the model id, so sglang's ModelScope resolution is the one exercised.
     """
     from sglang_mtp_dequant.serving.context import weight_sources
-    from sglang_mtp_dequant.tools.cpu_sglang import new_draft, path_weights
+    from support.cpu_sglang import new_draft, path_weights
 
     caplog.set_level(logging.INFO)
     cache = tmp_path / "ms"
@@ -688,7 +689,7 @@ def test_fallback_when_sglang_reports_no_files(sglang_cpu, copy_checkpoint, capl
     from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
 
     from sglang_mtp_dequant.serving.context import weight_sources
-    from sglang_mtp_dequant.tools.cpu_sglang import new_draft
+    from support.cpu_sglang import new_draft
 
     folder = copy_checkpoint(name)  # a path sglang has never resolved in this session
     _, model = new_draft(folder)

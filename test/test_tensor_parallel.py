@@ -1,11 +1,11 @@
 """Every rank of a tensor-parallel / expert-parallel draft holds exactly the world-size-1 weights.
 
-Two spawned processes (``tp_worker.py``) are two ranks of sglang's own distributed setup on
-gloo (``init_distributed_environment`` / ``initialize_model_parallel``). Each activates plugins
+Two spawned processes (``support/rank_worker.py``) are two ranks of sglang's own distributed setup
+on gloo (``init_distributed_environment`` / ``initialize_model_parallel``). Each activates plugins
 with sglang's ``load_plugins()``, builds the real ``Qwen3_5ForCausalLMMTP`` and loads the whole
-msmodelslim checkpoint through the plugin; sglang's loaders keep the rank's shard. The shards
-are gathered here and compared bit for bit with the same plugin's world-size-1 load in this
-process. Three layouts, each on fresh process groups in the same two children:
+msmodelslim checkpoint through the plugin; sglang's loaders keep the rank's shard. The shards are
+gathered here and compared bit for bit with the same plugin's world-size-1 load in this process.
+Three layouts, each on fresh process groups in the same two children:
 
 - dense draft, TP=2 (fused qkv_proj / gate_up_proj column shards, o_proj / down_proj row shards);
 - MoE draft, TP=2 with experts tensor-parallel (moe_tp=2: each expert's w13/w2 split);

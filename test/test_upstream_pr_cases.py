@@ -121,7 +121,8 @@ def test_no_double_dequant_when_upstream_fix_is_present(load_draft, sglang_cpu):
     from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
 
     from sglang_mtp_dequant.serving.plugin import make_load_weights_hook
-    from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
+    from sglang_mtp_dequant.tools.cpu_sglang import sglang_weights
+    from support.cpu_sglang import new_draft
 
     folder = fixture_dir(NAME)
     expected = dict(load_draft(folder).named_parameters())

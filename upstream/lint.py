@@ -32,8 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tree  # noqa: E402
+import tree
 
 #: sglang's .isort.cfg and .codespellrc, as stored (upstream/BASE names the commits)
 ISORT_CFG = "[settings]\nprofile=black\nknown_first_party=sglang\n"

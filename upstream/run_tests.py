@@ -40,11 +40,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tree  # noqa: E402
+import tree
 
-from sglang_mtp_dequant.formats.config import CheckpointConfig  # noqa: E402
-from sglang_mtp_dequant.formats.naming import mtp_prefix, nextn_layer  # noqa: E402
+from sglang_mtp_dequant.formats.config import CheckpointConfig
+from sglang_mtp_dequant.formats.naming import mtp_prefix, nextn_layer
 
 ROOT = tree.ROOT
 FIXTURES = ROOT / "test" / "fixtures" / "modelslim"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import support_on_path  # noqa: F401  (test/ on sys.path, for support.*)
 import torch
 
 from .model import MtpHead
@@ -58,7 +59,8 @@ def prepare(first_folder: str) -> None:
 
 def load(label: str, folder: str, plugin: bool) -> LoadedDraft:
     """One draft load of ``folder`` (the folder is published as sglang's --model-path)."""
-    from sglang_mtp_dequant.tools.cpu_sglang import new_draft, sglang_weights
+    from sglang_mtp_dequant.tools.cpu_sglang import sglang_weights
+    from support.cpu_sglang import new_draft
 
     config, model = new_draft(folder)
     if config.dtype != torch.bfloat16:

@@ -9,6 +9,8 @@
   fixtures ``draft_case`` and ``audits``);
 - ``real_layouts``: header-faithful replicas of published GLM-5.1 / DeepSeek-V3.2 inventories;
 - ``foreign_checkpoints``: compressed-tensors and ModelOpt drafts written by their own code;
+- ``cpu_sglang``: sglang's drafts built and loaded on the CPU the ways only tests need (a
+  rank's world, ``load_model``, a stream with no ``ModelConfig``, hand-made configs);
 - ``rank_worker``: one TP/EP rank of a draft load, as a spawned child of a test or benchmark.
 
 Pytest's fixtures stay in ``test/conftest.py`` (and ``draft_cases``, loaded as a plugin); the

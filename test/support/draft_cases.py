@@ -2,10 +2,11 @@
 
 Real: each sglang 0.5.23 draft class (built on CPU with a tiny config of its own config class),
 its own ``load_weights`` reached through the hook ``load_plugins()`` installed, the lazy weight
-stream of sglang's ``DefaultModelLoader`` for the checkpoint folder (``cpu_sglang.path_weights``),
-and msmodelslim 26.1.0's int8 codes. The checkpoints are laid out in each architecture's naming
-(``mtp.*`` or ``model.layers.<num_hidden_layers>.*``), with every quantized weight a run of rows
-of the tool's W8A8_DYNAMIC codes (per-channel codes stay valid when rows are taken apart).
+stream of sglang's ``DefaultModelLoader`` for the checkpoint folder
+(``support.cpu_sglang.path_weights``), and msmodelslim 26.1.0's int8 codes. The checkpoints are
+laid out in each architecture's naming (``mtp.*`` or ``model.layers.<num_hidden_layers>.*``),
+with every quantized weight a run of rows of the tool's W8A8_DYNAMIC codes (per-channel codes
+stay valid when rows are taken apart).
 
 Used by ``test_draft_classes.py`` (every class loads right) and ``test_completeness.py`` (every
 class refuses what is missing); the fixtures ``draft_case`` and ``audits`` reach the tests
@@ -475,8 +476,9 @@ def draft_case(sglang_cpu, tmp_path, caplog):
     """
     import logging
 
-    from sglang_mtp_dequant.tools.cpu_sglang import build_draft_class, path_weights, publish_context
+    from sglang_mtp_dequant.tools.cpu_sglang import publish_context
     from support.checkpoints import write_modelslim_checkpoint
+    from support.cpu_sglang import build_draft_class, path_weights
 
     caplog.set_level(logging.INFO)
 

@@ -9,7 +9,8 @@ Usage::
     ctx.Process(target=run_rank, args=(RankJob(rank, 2, layouts, out),)).start()
 
     # a benchmark (bench_dequant.py): one command per rank
-    python test/support/rank_worker.py --folder F --rank 0 --world 2 --ep 2 --port P --out DIR
+    PYTHONPATH=test python -m support.rank_worker --folder F --rank 0 --world 2 --ep 2 \
+        --port P --out DIR
 
 Each writes, per layout, into its ``out_dir``:
 
@@ -125,7 +126,7 @@ def _run_layouts(job: RankJob) -> None:
         json.dump(process, handle)
     from sglang.srt.distributed import parallel_state
 
-    from sglang_mtp_dequant.tools.cpu_sglang import join_parallel_world
+    from support.cpu_sglang import join_parallel_world
 
     for layout in job.layouts:
         join_parallel_world(

@@ -1,4 +1,4 @@
-"""Build sglang's real draft classes on a CPU-only machine (for `verify`, the demo and tests).
+"""Build sglang's real draft classes on a CPU-only machine (for `verify` and `dryrun`).
 
 Usage::
 
@@ -34,6 +34,7 @@ ModelConfig = Any
 
 
 def free_port() -> int:
+    """A loopback port nothing listens on now (the kernel's choice)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -77,49 +78,6 @@ def publish_context(model_path: str, draft_path: str | None = None, **server_arg
         sglang_private.publish_server_args(args, role="test", world_rank=0)
 
 
-def join_parallel_world(
-    model_path: str, *, world_size: int, rank: int, port: int, ep_size: int = 1
-) -> None:
-    """This process as rank ``rank`` of a TP (and EP) world on gloo, as one of sglang's
-    scheduler processes: its ServerArgs published with its rank, sglang's own process groups
-    joined (``init_distributed_environment`` / ``initialize_model_parallel``)."""
-    from sglang.srt.distributed import parallel_state
-    from sglang.srt.server_args import ServerArgs
-
-    server_args = ServerArgs(
-        model_path=model_path,
-        device="cpu",
-        tp_size=world_size,
-        ep_size=ep_size,
-        mamba_radix_cache_strategy="no_buffer",
-        disable_overlap_schedule=True,
-    )
-    # sglang reads ranks from two places that must agree: the published SpawnRanks (read by
-    # VocabParallelEmbedding and FusedMoE) and the torch process group (read by the linear
-    # layers); run_scheduler_process publishes world_rank == the torch rank as well
-    with cuda_capability_answered():
-        sglang_private.publish_server_args(server_args, role="scheduler", world_rank=rank)
-    parallel_state.set_custom_all_reduce(False)  # a CUDA-only feature
-    parallel_state.init_distributed_environment(
-        world_size=world_size,
-        rank=rank,
-        local_rank=rank,
-        backend="gloo",
-        distributed_init_method=f"tcp://127.0.0.1:{port}",
-    )
-    parallel_state.initialize_model_parallel(backend="gloo")
-
-
-def new_draft(
-    path: str, revision: str | None = None, **server_args: Any
-) -> tuple[ModelConfig, torch.nn.Module]:
-    """``(model_config, draft)``: sglang's context published for ``path`` (with
-    ``server_args``), the draft's ``ModelConfig``, and its class built on the CPU."""
-    publish_context(path, **server_args)
-    config = draft_model_config(path, revision)
-    return config, build_draft(config)
-
-
 def draft_model_config(path: str, revision: str | None = None) -> ModelConfig:
     """sglang's ``ModelConfig`` of the draft for ``path``, as its draft worker builds it
     (``is_draft_model=True`` maps the architecture to the MTP/NextN class)."""
@@ -146,19 +104,6 @@ def build_draft(model_config: ModelConfig, device: str | torch.device = "cpu") -
             return sglang_private.initialize_model(model_config, load_config, quant_config)
 
 
-def load_model(model_config: ModelConfig, download_dir: str | None = None) -> torch.nn.Module:
-    """sglang's own ``DefaultModelLoader.load_model`` of ``model_config`` on the CPU: its
-    quantization config, its build, its file resolution and weight stream, the class's
-    ``load_weights`` (hooked or not) and its post-processing, as a draft worker loads it."""
-    from sglang.srt.configs.device_config import DeviceConfig
-    from sglang.srt.configs.load_config import LoadConfig
-    from sglang.srt.model_loader.loader import DefaultModelLoader
-
-    loader = DefaultModelLoader(LoadConfig(load_format="auto", download_dir=download_dir))
-    with placeholder_vllm_rotary(), generic_rope_on_cpu():
-        return loader.load_model(model_config=model_config, device_config=DeviceConfig("cpu"))
-
-
 def sglang_weights(
     model_config: ModelConfig, model: torch.nn.Module, download_dir: str | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -171,47 +116,8 @@ def sglang_weights(
     return sglang_private.all_weights(loader, model_config, model)
 
 
-def path_weights(
-    path: str, revision: str | None = None, download_dir: str | None = None
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """``DefaultModelLoader``'s stream for a checkpoint path with no ``ModelConfig`` (a draft
-    class built from a hand-made config): the same resolution and iterator, lazily."""
-    from sglang.srt.configs.load_config import LoadConfig
-    from sglang.srt.model_loader.loader import DefaultModelLoader
-
-    loader = DefaultModelLoader(LoadConfig(load_format="auto", download_dir=download_dir))
-    yield from sglang_private.weights_iterator(loader, path, revision)
-
-
 def prepare_cpu_process(model_path: str, draft_path: str | None = None, **server_args: Any) -> None:
     """Everything a CPU process needs before it can build sglang's draft for ``model_path``."""
     ensure_torchvision_importable()
     publish_context(model_path, draft_path, **server_args)
     init_world_size_one()
-
-
-def build_draft_class(
-    class_path: str,
-    config: Any,
-    dtype: torch.dtype = torch.bfloat16,
-    quant_config: Any = None,
-) -> torch.nn.Module:
-    """Build any sglang draft class, named by dotted path, on CPU for a hand-made ``config``.
-
-    Example::
-
-        prepare_cpu_process(model_path)
-        draft = build_draft_class(
-            "sglang.srt.models.deepseek_nextn.DeepseekV3ForCausalLMNextN", DeepseekV3Config(...)
-        )
-
-    For tests of classes whose tiny configs are built in code rather than read from a
-    checkpoint's config.json (``build_draft`` is the path from a folder).
-    """
-    import pkgutil
-
-    from sglang.srt.model_loader.utils import set_default_torch_dtype
-
-    cls = pkgutil.resolve_name(class_path)
-    with set_default_torch_dtype(dtype), placeholder_vllm_rotary(), generic_rope_on_cpu():
-        return cls(config, quant_config=quant_config)
