@@ -204,7 +204,7 @@ def _fewest(needles: Iterable[str]) -> frozenset[str]:
 
 def scan_object(data: bytes) -> ScannedObject | None:
     """The top-level object of ``data`` and its nested objects, or None if ``data`` is not of
-    the shape the module docstring names (then parse it whole).
+    the shape named below (then parse it whole).
 
     Why: parsing the whole file costs per tensor; finding the draft's names costs a pass of
     ``bytes.find``/``count`` over the bytes, in C.

@@ -105,14 +105,9 @@ def choose_files(
 ) -> FileChoice:
     """The files of ``files`` a draft whose ``load_weights`` keeps ``keeps`` needs.
 
-    A file is kept when an index of ``folder`` maps a kept name to it, or when no index lists
-    it; see the module docstring for when nothing is narrowed. ``indexes`` are the folder's
-    index files already read (``read_indexes``).
-
-    The indexes read: ``model.safetensors.index.json``, ModelSlim's
-    ``quant_model_weights.safetensors.index.json`` or V0's
-    ``quant_model_weight_<type>.safetensors.index.json``. Rules, each keeping the load at least what
-    stock sglang streams of the draft:
+    A file is kept when an index of ``folder`` (``model.safetensors.index.json``, ModelSlim's
+    V1 or V0 index) maps a kept name to it; ``indexes`` are the folder's index files already
+    read (``read_indexes``). Rules, each keeping the load at least what stock sglang streams:
 
     - a file no index lists (``maybe_add_mtp_safetensors``'s out-of-index ``mtp.safetensors``, a
       stray shard) is kept: nothing says what it holds;

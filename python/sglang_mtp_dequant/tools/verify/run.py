@@ -180,18 +180,14 @@ def run_verify(
     say: Callable[[str], None] = lambda _line: None,
     launch: Launch | None = None,
 ) -> VerifyReport:
-    """Resolve, build, load three (or four) ways, compare. See the module docstring.
+    """Resolve, build, load three (or four) ways, compare.
 
-    ``launch``: the user's sglang launch flags (``tools/launch.py``: their quantization flags
-    published, their platform stood in while the draft is built); None: as on NPU with the
-    draft quantization unset.
-
-    In one process, the way an sglang scheduler does it: resolve the checkpoint with sglang's own
-    loader (offline), publish the server context, ``load_plugins()`` (which finds this package
-    through its entry point), build the draft class sglang's ``ModelConfig`` picks for the
-    checkpoint's architecture (``is_draft_model=True``), then load it through sglang's
-    ``DefaultModelLoader`` stream (only the file holding the draft's tensors when there is one such
-    file, with sglang's own ``allow_patterns_overrides``; else every file):
+    ``launch``: the user's sglang launch flags (``tools/launch.py``); None: as on NPU with the
+    draft quantization unset. In one process, as an sglang scheduler: resolve the checkpoint
+    with sglang's own loader (offline), publish the server context, ``load_plugins()``, build
+    the draft class sglang's ``ModelConfig`` picks (``is_draft_model=True``), then load it
+    through sglang's ``DefaultModelLoader`` stream (only the file holding the draft's tensors
+    when there is one, with sglang's ``allow_patterns_overrides``; else every file):
 
     - **stock**: the class's ``load_weights`` with the hook bypassed (``plugin.bypassed``);
     - **reference**: the same stock method, fed the checkpoint with every weight the plugin would
