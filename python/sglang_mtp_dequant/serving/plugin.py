@@ -13,8 +13,7 @@ observing hooks on sglang's ``DefaultModelLoader`` (``sources.py``) and the Ray 
 (``ray_setup.py``). Every hooked draft load streams only the files holding the draft's tensors
 (``narrowing.py``); a draft built unquantized gets the dequantizing stream (``stream.py``), one
 built with a quant config the decode of its plain ``nn.Linear`` parts (``quantized_load.py``);
-both are guarded (``guard/``). What each hook does, on ``register`` and
-``make_load_weights_hook``.
+both are guarded (``guard/``). What each hook does: ``register``, ``make_load_weights_hook``.
 """
 
 from __future__ import annotations
@@ -171,6 +170,16 @@ def sglang_dequantizes_drafts(load_weights: Callable[..., Any] | None = None) ->
 
 
 def make_load_weights_hook(spec: DraftSpec) -> LoadWeightsHook:
+    """The AROUND hook for ``spec``'s ``load_weights``, in sglang's ``HookRegistry`` form
+    ``fn(original_fn, *args, **kwargs) -> result``: ``(original, model, weights, ...)``.
+
+    Inside ``plugin.bypassed()`` it calls ``original`` untouched. Otherwise the load is narrowed
+    to the draft's files and: a draft built quantized gets sglang's own load with its plain
+    ``nn.Linear`` parts decoded (``quantized_load.py``); an sglang that dequantizes drafts itself
+    (``sglang_dequantizes_drafts``) is left to; any other draft loads through the dequantizing
+    stream and the guard. The result is ``original``'s.
+    """
+
     def load_weights_with_dequant(
         original: LoadWeights,
         model: torch.nn.Module,
