@@ -42,7 +42,7 @@ env.prepare()
 import torch  # noqa: E402
 from accept import report, sglang_load, speculate  # noqa: E402
 from accept.corpus import line_start_windows, load_corpus  # noqa: E402
-from accept.export import write_float_checkpoint, write_modelslim_checkpoint  # noqa: E402
+from accept.export import export_modelslim, write_float_checkpoint  # noqa: E402
 from accept.model import TinySpec  # noqa: E402
 from accept.train import TrainRecipe, train  # noqa: E402
 from accept.writer_proof import prove  # noqa: E402
@@ -100,7 +100,7 @@ def main() -> int:
     float_dir = os.path.join(trained.folder, "float_bf16")
     quant_dir = os.path.join(trained.folder, "modelslim_w8a8_dynamic")
     float_tensors = write_float_checkpoint(trained.model, float_dir)
-    description = write_modelslim_checkpoint(trained.model, float_tensors, quant_dir)
+    description = export_modelslim(trained.model, float_tensors, quant_dir)
     quantized = sorted(
         n for n, t in description.items() if t == "W8A8_DYNAMIC" and n.endswith(".weight")
     )

@@ -73,23 +73,15 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+import support_on_path  # noqa: E402, F401  (test/ on sys.path, for support.*)
 from machine import describe  # noqa: E402
 from moe_draft import MoeShape, write_checkpoint  # noqa: E402
 
+from support.shapes import QWEN35_27B_MTP  # noqa: E402
+
 MIB = 1024 * 1024
 
-# Qwen3.5-27B text_config: hidden 5120, 24 heads, 4 KV heads, head_dim 256, intermediate 17408
-DENSE_27B = {
-    "mtp.layers.0.self_attn.q_proj.weight": (12288, 5120),
-    "mtp.layers.0.self_attn.k_proj.weight": (1024, 5120),
-    "mtp.layers.0.self_attn.v_proj.weight": (1024, 5120),
-    "mtp.layers.0.self_attn.o_proj.weight": (5120, 6144),
-    "mtp.layers.0.mlp.gate_proj.weight": (17408, 5120),
-    "mtp.layers.0.mlp.up_proj.weight": (17408, 5120),
-    "mtp.layers.0.mlp.down_proj.weight": (5120, 17408),
-}
-
-SETS = {"dense": DENSE_27B, "moe": MoeShape.qwen35_35b_a3b().quantized()}
+SETS = {"dense": QWEN35_27B_MTP, "moe": MoeShape.qwen35_35b_a3b().quantized()}
 
 
 @dataclass

@@ -4,14 +4,14 @@ Usage::
 
     .venv/bin/python benchmarks/bench_doctor.py [--keep DIR]     # default: a temporary folder
 
-Writes a 27B-shaped msmodelslim W8A8_DYNAMIC checkpoint as *sparse* files (every tensor of
-the real layout with its real shape and dtype: 64 hybrid layers, the vision tower, embedding,
-lm_head and the MTP layer; ~29 GB apparent, a few KB on disk): the headers are real, the
-weight bytes are holes that read as zeros, and the MTP companions (weight_scale, weight_offset)
-hold real values. Then it times the console script end to end (a fresh Python process, as an
-operator runs it) and ``diagnose`` in this process, twice (the first call pays sglang's
-imports). The doctor reads headers and the small companions only (its dry run builds the draft
-on the meta device), so the apparent size must not matter.
+Writes a 27B-shaped msmodelslim W8A8_DYNAMIC checkpoint as *sparse* files (every tensor of the
+real layout with its real shape and dtype: 64 hybrid layers, the vision tower, embedding,
+lm_head and the MTP layer; ~29 GB apparent, a few KB on disk): the headers are real, the weight
+bytes are holes that read as zeros, and the companions (weight_scale, weight_offset) hold real
+values (``support.real_layouts.write_checkpoint``). Then it times the console script end to end
+(a fresh Python process, as an operator runs it) and ``diagnose`` in this process, twice (the
+first call pays sglang's imports). The doctor reads headers and the small companions only (its
+dry run builds the draft on the meta device), so the apparent size must not matter.
 """
 
 from __future__ import annotations
@@ -19,17 +19,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
+import support_on_path  # noqa: F401  (test/ on sys.path, for support.*)
 from machine import describe
 
-H, INTER, VOCAB = 5120, 17408, 248320
-DTYPE_BYTES = {"I8": 1, "BF16": 2, "F32": 4}
+from support.real_layouts import Layout, write_checkpoint
+from support.shapes import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, KV_HEADS, VOCAB
+
+H, INTER = HIDDEN, INTERMEDIATE
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,12 +44,12 @@ def config_27b() -> dict:
     with open(FIXTURE_CONFIG) as handle:
         config = json.load(handle)
     config["text_config"].update(
-        hidden_size=5120,
-        intermediate_size=17408,
-        num_attention_heads=24,
-        num_key_value_heads=4,
-        head_dim=256,
-        vocab_size=248320,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        vocab_size=VOCAB,
         num_hidden_layers=64,
         layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 16,
         linear_num_value_heads=48,
@@ -71,12 +73,12 @@ def linear(prefix: str, out: int, inp: int, quantized: bool) -> list[tuple[str, 
 def decoder_layer(prefix: str, full_attention: bool) -> list:
     out = []
     if full_attention:
-        out += linear(f"{prefix}.self_attn.q_proj", 24 * 256 * 2, H, True)
-        out += linear(f"{prefix}.self_attn.k_proj", 4 * 256, H, True)
-        out += linear(f"{prefix}.self_attn.v_proj", 4 * 256, H, True)
-        out += linear(f"{prefix}.self_attn.o_proj", H, 24 * 256, True)
-        out += [(f"{prefix}.self_attn.q_norm.weight", "BF16", (256,))]
-        out += [(f"{prefix}.self_attn.k_norm.weight", "BF16", (256,))]
+        out += linear(f"{prefix}.self_attn.q_proj", HEADS * HEAD_DIM * 2, H, True)
+        out += linear(f"{prefix}.self_attn.k_proj", KV_HEADS * HEAD_DIM, H, True)
+        out += linear(f"{prefix}.self_attn.v_proj", KV_HEADS * HEAD_DIM, H, True)
+        out += linear(f"{prefix}.self_attn.o_proj", H, HEADS * HEAD_DIM, True)
+        out += [(f"{prefix}.self_attn.q_norm.weight", "BF16", (HEAD_DIM,))]
+        out += [(f"{prefix}.self_attn.k_norm.weight", "BF16", (HEAD_DIM,))]
     else:
         la = f"{prefix}.linear_attn"
         out += linear(f"{la}.in_proj_qkv", 10240, H, True)
@@ -125,48 +127,19 @@ def layout() -> list[tuple[str, str, tuple]]:
 
 
 def write_sparse_checkpoint(folder: str, shards: int = 12) -> tuple[list, int]:
+    """The layout in ``shards`` files with an index, through the tests' header-first writer
+    (``support.real_layouts.write_checkpoint``, sparse); returns the tensors and the apparent
+    bytes."""
     tensors = layout()
     per_shard = -(-len(tensors) // shards)
     description = {"model_quant_type": "W8A8_DYNAMIC", "version": "1.0.0", "group_size": 0}
-    weight_map, apparent = {}, 0
+    checkpoint = Layout(description=description, config=config_27b())
     for s in range(shards):
-        part = sorted(tensors[s * per_shard : (s + 1) * per_shard])
-        name = f"quant_model_weights-{s + 1:05d}-of-{shards:05d}.safetensors"
-        header, offset, companions = {"__metadata__": {"format": "pt"}}, 0, []
-        for tensor, dtype, shape in part:
-            size = int(np.prod(shape)) * DTYPE_BYTES[dtype]
-            header[tensor] = {
-                "dtype": dtype,
-                "shape": list(shape),
-                "data_offsets": [offset, offset + size],
-            }
-            if tensor.endswith(".weight_scale"):
-                companions.append((offset, size))
-            offset += size
-            weight_map[tensor] = name
-            description[tensor] = (
-                "W8A8_DYNAMIC"
-                if dtype == "I8" or "_scale" in tensor or "_offset" in tensor
-                else "FLOAT"
-            )
-        blob = json.dumps(header).encode()
-        blob += b" " * (-len(blob) % 8)
-        path = os.path.join(folder, name)
-        with open(path, "wb") as handle:
-            handle.write(struct.pack("<Q", len(blob)) + blob)
-            base = handle.tell()
-            for start, size in companions:  # real, positive scales; everything else a hole
-                handle.seek(base + start)
-                handle.write(np.full(size // 4, 0.01, dtype=np.float32).tobytes())
-            handle.truncate(base + offset)
-        apparent += base + offset
-    with open(os.path.join(folder, "quant_model_weights.safetensors.index.json"), "w") as handle:
-        json.dump({"metadata": {}, "weight_map": weight_map}, handle)
-    with open(os.path.join(folder, "quant_model_description.json"), "w") as handle:
-        json.dump(description, handle)
-    with open(os.path.join(folder, "config.json"), "w") as handle:
-        json.dump(config_27b(), handle)
-    return tensors, apparent
+        file = f"quant_model_weights-{s + 1:05d}-of-{shards:05d}.safetensors"
+        for tensor, dtype, shape in tensors[s * per_shard : (s + 1) * per_shard]:
+            quantized = dtype == "I8" or "_scale" in tensor or "_offset" in tensor
+            checkpoint.add(tensor, dtype, shape, "W8A8_DYNAMIC" if quantized else "FLOAT", file)
+    return tensors, write_checkpoint(folder, checkpoint, sparse=True, index=True)
 
 
 def main() -> None:

@@ -22,25 +22,33 @@ from __future__ import annotations
 import gc
 import time
 
+import support_on_path  # noqa: F401  (test/ on sys.path, for support.*)
 import torch
 from machine import describe
 
 from sglang_mtp_dequant.serving.guard import inspect_parameters
+from support.shapes import HEAD_DIM, HIDDEN, QWEN35_27B_MTP
+
+_MTP = {name.split(".")[-2]: shape for name, shape in QWEN35_27B_MTP.items()}
 
 # (name, shape) of every parameter the guard inspects in sglang's Qwen3.5-27B MTP draft
 QWEN35_27B_DRAFT = [
-    ("fc.weight", (5120, 10240)),
-    ("pre_fc_norm_embedding.weight", (5120,)),
-    ("pre_fc_norm_hidden.weight", (5120,)),
-    ("model.layers.0.qkv_proj.weight", (14336, 5120)),
-    ("model.layers.0.o_proj.weight", (5120, 6144)),
-    ("model.layers.0.mlp.gate_up_proj.weight", (34816, 5120)),
-    ("model.layers.0.mlp.down_proj.weight", (5120, 17408)),
-    ("model.layers.0.input_layernorm.weight", (5120,)),
-    ("model.layers.0.post_attention_layernorm.weight", (5120,)),
-    ("model.layers.0.q_norm.weight", (256,)),
-    ("model.layers.0.k_norm.weight", (256,)),
-    ("model.norm.weight", (5120,)),
+    ("fc.weight", (HIDDEN, 2 * HIDDEN)),
+    ("pre_fc_norm_embedding.weight", (HIDDEN,)),
+    ("pre_fc_norm_hidden.weight", (HIDDEN,)),
+    # sglang fuses q, k, v and gate, up into one parameter each
+    (
+        "model.layers.0.qkv_proj.weight",
+        (sum(_MTP[p][0] for p in ("q_proj", "k_proj", "v_proj")), HIDDEN),
+    ),
+    ("model.layers.0.o_proj.weight", _MTP["o_proj"]),
+    ("model.layers.0.mlp.gate_up_proj.weight", (_MTP["gate_proj"][0] + _MTP["up_proj"][0], HIDDEN)),
+    ("model.layers.0.mlp.down_proj.weight", _MTP["down_proj"]),
+    ("model.layers.0.input_layernorm.weight", (HIDDEN,)),
+    ("model.layers.0.post_attention_layernorm.weight", (HIDDEN,)),
+    ("model.layers.0.q_norm.weight", (HEAD_DIM,)),
+    ("model.layers.0.k_norm.weight", (HEAD_DIM,)),
+    ("model.norm.weight", (HIDDEN,)),
 ]
 PROJECTIONS = {n for n, s in QWEN35_27B_DRAFT if len(s) == 2}
 

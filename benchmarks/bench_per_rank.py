@@ -47,21 +47,13 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
+import support_on_path  # noqa: E402, F401  (test/ on sys.path, for support.*)
 from machine import describe  # noqa: E402
+
+from support.shapes import QWEN35_27B_MTP  # noqa: E402
 
 FIXTURES = os.path.join(REPO, "test", "fixtures", "modelslim")
 DEFAULT_FIXTURES = ("q35_dense_w8a8_dynamic", "q35moe_w8a8_dynamic")
-
-# one Qwen3.5-27B MTP layer's quantized projections (see bench_dequant.py)
-DENSE_27B = {
-    "q_proj": (12288, 5120),
-    "k_proj": (1024, 5120),
-    "v_proj": (1024, 5120),
-    "o_proj": (5120, 6144),
-    "gate_proj": (17408, 5120),
-    "up_proj": (17408, 5120),
-    "down_proj": (5120, 17408),
-}
 
 
 def median_seconds(fn: Callable[[], object], reps: int) -> float:
@@ -143,10 +135,10 @@ def real_size_decode(reps: int) -> dict:
 
     gen = torch.Generator().manual_seed(0)
     items = []
-    for proj, (rows, cols) in DENSE_27B.items():
+    for name, (rows, cols) in QWEN35_27B_MTP.items():
         q = torch.randint(-128, 128, (rows, cols), dtype=torch.int8, generator=gen)
         scale = torch.rand((rows, 1), generator=gen) * 1e-3 + 1e-4
-        info = TensorInfo(f"mtp.layers.0.{proj}.weight", "synthetic", torch.int8, (rows, cols))
+        info = TensorInfo(name, "synthetic", torch.int8, (rows, cols))
         decoder = scheme_for("W8A8_DYNAMIC").prepare(
             info, {"weight_scale": scale, "weight_offset": torch.zeros_like(scale)}, 0
         )

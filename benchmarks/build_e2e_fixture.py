@@ -36,7 +36,7 @@ from accept import env  # noqa: E402
 env.prepare()
 
 from accept.corpus import load_corpus  # noqa: E402
-from accept.export import write_float_checkpoint, write_modelslim_checkpoint  # noqa: E402
+from accept.export import export_modelslim, write_float_checkpoint  # noqa: E402
 from accept.model import FULL, TinySpec  # noqa: E402
 from accept.train import TrainRecipe, train  # noqa: E402
 
@@ -75,7 +75,7 @@ def main() -> int:
     float_dir = os.path.join(args.out, float_name)
     quant_dir = os.path.join(args.out, quant_name)
     float_tensors = write_float_checkpoint(trained.model, float_dir)
-    write_modelslim_checkpoint(trained.model, float_tensors, quant_dir)
+    export_modelslim(trained.model, float_tensors, quant_dir)
     print(f"training key {trained.log['key']}: wrote {float_dir} and {quant_dir}")
     return 0
 

@@ -11,8 +11,9 @@ excludes removed (``test/fixtures/modelslim/q35moe_w8a8_dynamic/RECIPE.md``): W8
 (int8 codes, f32 ``weight_scale`` / zero ``weight_offset`` of shape (out, 1)) on the MTP
 layer's self-attention q/k/v and on every routed expert (``mtp.layers.0.mlp.experts.N.
 {gate,up,down}_proj``, one tensor per expert), everything else FLOAT in bf16, all in ONE
-safetensors file with ``quant_model_description.json`` (the description entries come from the
-writer ``benchmarks/accept/export.py`` shares with ``make accept``). ``config.json`` is the
+safetensors file with ``quant_model_description.json`` (the tests' writer,
+``test/support/checkpoints.py``; the description entries as ``benchmarks/accept/export.py``
+writes them for ``make accept``). ``config.json`` is the
 fixture's ``Qwen3_5MoeForConditionalGeneration`` config with the sizes replaced, so sglang
 builds its real ``Qwen3_5ForCausalLMMTP`` draft from it. Only the draft's tensors and the
 target's embedding / lm_head are written: the backbone plays no part in loading the draft.
@@ -120,8 +121,10 @@ class MoeShape:
 
 def write_checkpoint(folder: str, shape: MoeShape, seed: int = 0) -> dict:
     """Write the checkpoint into ``folder``; returns counts for the caller's report."""
+    import support_on_path  # noqa: F401  (test/ on sys.path, for support.*)
     from accept.export import DESCRIPTION_GLOBALS, add_w8a8_dynamic
-    from safetensors.torch import save_file
+
+    from support.checkpoints import write_modelslim_checkpoint
 
     gen = torch.Generator().manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
@@ -134,16 +137,10 @@ def write_checkpoint(folder: str, shape: MoeShape, seed: int = 0) -> dict:
     for name, (out, inp) in shape.quantized().items():
         q = torch.randint(-128, 128, (out, inp), dtype=torch.int8, generator=gen)
         scale = torch.rand((out, 1), generator=gen) * 1e-3 + 1e-5
-        add_w8a8_dynamic(
-            tensors, description, name[: -len(".weight")], q, scale, torch.zeros_like(scale)
-        )
+        parts = {"weight": q, "weight_scale": scale, "weight_offset": torch.zeros_like(scale)}
+        add_w8a8_dynamic(tensors, description, name[: -len(".weight")], parts)
         codes += q.numel()
     description.update(DESCRIPTION_GLOBALS)
-    os.makedirs(folder, exist_ok=True)
-    save_file(tensors, os.path.join(folder, SHARD), metadata={"format": "pt"})
-    with open(os.path.join(folder, "quant_model_description.json"), "w", encoding="utf-8") as h:
-        json.dump(description, h, indent=1)
-    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as handle:
-        json.dump(shape.config(), handle, indent=1)
+    write_modelslim_checkpoint(folder, tensors, description, shard=SHARD, config=shape.config())
     expert_codes = 3 * shape.experts * shape.moe_intermediate * shape.hidden
     return {"tensors": len(tensors), "codes": codes, "expert_codes": expert_codes}

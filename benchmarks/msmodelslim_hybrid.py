@@ -21,7 +21,7 @@ For each output the report says which Gated DeltaNet projections (``linear_attn.
 Qwen3.5 recipe's tensors with ``--exporter`` (the project writer's export the e2e fixture
 holds): every tensor equal byte for byte, names mapped from the release layout. Whether sglang's
 NPU packed-module mapping covers a quantized GDN projection is asked of sglang itself in
-``test/test_e2e_shims.py`` (this venv has no sglang).
+``test/e2e/test_e2e_shims.py`` (this venv has no sglang).
 """
 
 from __future__ import annotations

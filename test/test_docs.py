@@ -144,7 +144,7 @@ def _partial_path(span: str, folders: set[str]) -> str | None:
 
 
 def test_every_repository_path_in_a_code_span_exists():
-    """Docs, docstrings and comments name files by path (``test/unit/test_dequantize.py``,
+    """Docs, docstrings and comments name files by path (``test/unit/formats/test_dequantize.py``,
     `docs/layouts.md`, ``formats/naming.py:52``); a moved file leaves such a name stale with
     no link to break, so each one that starts with a folder of this repository must exist.
     A path from inside the tree (``guard/writes.py``) must end some tracked path."""

@@ -175,23 +175,15 @@ def fixture_folders(
     return covered, refused, skipped
 
 
-def same_bits(a, b) -> bool:
-    import torch
-
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.is_floating_point():
-        ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        return torch.equal(a.view(ints), b.view(ints))
-    return torch.equal(a, b)
-
-
 def step_fixtures(
     root: Path, logs: Path, what: str, architectures: set[str] | None = None
 ) -> list[str]:
     """Every fixture's draft loaded by stock sglang + the plugin and by ``root``'s tree with the
     plugin off: bit-identical, or refused by the tree for a scheme it does not decode."""
     from safetensors.torch import load_file
+
+    sys.path.insert(0, str(ROOT / "test"))  # the tests' same_bits (test/support/reference.py)
+    from support.reference import same_bits
 
     covered, refused, skipped = fixture_folders(architectures)
     print(f"[fixtures] {what}")

@@ -3,12 +3,9 @@
 The quantized checkpoint is what msmodelslim 26.1.0's shipped Qwen3.5 dense recipe
 (``--quant_type w8a8``, config_id Qwen3_5_dense_w8a8) writes: every linear layer whose
 module name matches ``*self_attn*`` or ``*mlp*`` (backbone AND MTP) becomes W8A8_DYNAMIC,
-everything else stays FLOAT in the model dtype. ``quantize_w8a8_dynamic`` repeats
-msmodelslim's arithmetic operation for operation (read in msmodelslim 26.1.0:
-``core/quantizer/impl/minmax.py`` ``WeightPerChannelMinmax``,
-``ir/api/impl/int_quantization.py`` ``calculate_int_qparam`` / ``int_quantize``, and
-``core/quant_service/modelslim_v1/save/ascendv1.py`` ``on_w8a8_dynamic_per_channel``), in the
-layer's own dtype (bf16), which is why its rounding error reaches 0.75 of a step and not 0.5.
+everything else stays FLOAT in the model dtype. The tests' ``quantize_w8a8_dynamic``
+(``test/support/reference.py``) repeats msmodelslim's arithmetic operation for operation, in
+the layer's own dtype (bf16), which is why its rounding error reaches 0.75 of a step and not 0.5.
 ``writer_proof`` checks the output byte for byte against msmodelslim's on a shared fixture.
 
 Files (V1 engine, one shard): ``quant_model_weights-00001-of-00001.safetensors``,
@@ -35,8 +32,12 @@ import json
 import os
 import shutil
 
+import support_on_path  # noqa: F401  (test/ on sys.path, for support.*)
 import torch
 from safetensors.torch import save_file
+
+from support.checkpoints import write_modelslim_checkpoint
+from support.reference import quantize_w8a8_dynamic
 
 from .model import FULL, LINEAR, TinyQwen35
 
@@ -140,30 +141,6 @@ def is_quantized_linear(name: str, tensor: torch.Tensor) -> bool:
     return included and not any(fnmatch.fnmatchcase(module, p) for p in EXCLUDE)
 
 
-def quantize_w8a8_dynamic(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """msmodelslim's per-channel symmetric int8 minmax RTN, in the weight's dtype.
-
-    Returns (int8 codes (out, in), weight_scale f32 (out, 1), weight_offset f32 (out, 1)).
-    """
-    w_t = weight.T  # msmodelslim observes and quantizes weight.T (in, out)
-    min_val = torch.amin(w_t, [0], False)
-    max_val = torch.amax(w_t, [0], False)
-    eps = torch.tensor([torch.finfo(torch.float32).eps]).type_as(min_val)
-    min_val = torch.min(min_val, torch.zeros_like(min_val))
-    max_val = torch.max(max_val, torch.zeros_like(max_val))
-    max_val_pos = torch.max(-min_val, max_val)
-    scale = max_val_pos / float(127)
-    scale = torch.max(scale, eps)
-    offset = torch.tensor(0.0).type_as(min_val).expand(scale.shape)
-    codes = (w_t / scale + offset).round_().clamp_(min=-128, max=127).to(torch.int8).T
-    scale_col = scale.unsqueeze(-1)
-    return (
-        codes.contiguous(),
-        scale_col.to(torch.float32).contiguous(),
-        torch.zeros_like(scale_col).to(torch.float32).contiguous(),
-    )
-
-
 #: the description's global entries msmodelslim 26.1.0's ascendv1 saver writes for W8A8_DYNAMIC
 DESCRIPTION_GLOBALS = {
     "version": "1.0.0",
@@ -174,9 +151,10 @@ DESCRIPTION_GLOBALS = {
 }
 
 
-def add_w8a8_dynamic(tensors: dict, description: dict, base: str, codes, scale, offset) -> None:
-    """One W8A8_DYNAMIC linear ``base``: its codes and companions, each described as such."""
-    for suffix, tensor in (("weight", codes), ("weight_scale", scale), ("weight_offset", offset)):
+def add_w8a8_dynamic(tensors: dict, description: dict, base: str, parts: dict) -> None:
+    """One W8A8_DYNAMIC linear ``base``: its codes and companions (``weight``, ``weight_scale``,
+    ``weight_offset``), each described as such."""
+    for suffix, tensor in parts.items():
         tensors[f"{base}.{suffix}"] = tensor
         description[f"{base}.{suffix}"] = "W8A8_DYNAMIC"
 
@@ -189,7 +167,7 @@ def modelslim_tensors(float_tensors: dict) -> tuple[dict, dict]:
     for name, value in per_expert_tensors(float_tensors).items():
         if is_quantized_linear(name, value):
             add_w8a8_dynamic(
-                tensors, description, name[: -len(".weight")], *quantize_w8a8_dynamic(value)
+                tensors, description, name[: -len(".weight")], quantize_w8a8_dynamic(value)
             )
         else:
             tensors[name] = value
@@ -198,19 +176,10 @@ def modelslim_tensors(float_tensors: dict) -> tuple[dict, dict]:
     return tensors, description
 
 
-def write_modelslim_checkpoint(model: TinyQwen35, float_tensors: dict, folder: str) -> dict:
+def export_modelslim(model: TinyQwen35, float_tensors: dict, folder: str) -> dict:
     """The ModelSlim V1 folder sglang is given on an Ascend server; returns its description."""
     shutil.rmtree(folder, ignore_errors=True)
-    os.makedirs(folder)
     tensors, description = modelslim_tensors(float_tensors)
-    save_file(tensors, os.path.join(folder, SHARD), metadata={"format": "pt"})
-    index = {
-        "metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
-        "weight_map": {name: SHARD for name in tensors},
-    }
-    with open(os.path.join(folder, INDEX), "w", encoding="utf-8") as handle:
-        json.dump(index, handle, indent=2)
-    with open(os.path.join(folder, DESCRIPTION), "w", encoding="utf-8") as handle:
-        json.dump(description, handle, indent=4)
+    write_modelslim_checkpoint(folder, tensors, description, shard=SHARD, index=True, indent=4)
     _write_config(folder, model)
     return description

@@ -1,4 +1,4 @@
-"""Prove ``export.quantize_w8a8_dynamic`` writes what msmodelslim writes, byte for byte.
+"""Prove the export (``export.modelslim_tensors``) writes what msmodelslim writes, byte for byte.
 
 The shared fixture ``q35_dense_w8a8_dynamic`` is unmodified msmodelslim 26.1.0 output (V1
 engine, shipped ``Qwen3_5_dense_w8a8`` recipe) of a tiny Qwen3.5, and the reference file next

@@ -23,34 +23,56 @@ import torch
 #: the header metadata every safetensors file here carries (what msmodelslim and torch write)
 METADATA = {"format": "pt"}
 DESCRIPTION = "quant_model_description.json"
+INDEX = "quant_model_weights.safetensors.index.json"
 
 
 def write_modelslim_checkpoint(
     folder: str,
     tensors: dict[str, torch.Tensor],
-    description: dict[str, str],
+    description: dict[str, object],
     *,
     version: str | None = "1.0.0",
-    group_size: int = 0,
-    model_quant_type: str = "W8A8_DYNAMIC",
+    group_size: int | None = 0,
+    model_quant_type: str | None = "W8A8_DYNAMIC",
+    shard: str = "quant_model_weights.safetensors",
+    index: bool = False,
+    indent: int | None = 1,
+    config: dict | None = None,
 ) -> str:
-    """One ``quant_model_weights.safetensors`` (V1 with ``part_file_size: 0``: no index) and a
-    ``quant_model_description.json``, as msmodelslim's ascendv1 saver lays them out."""
+    """A ModelSlim V1 folder as msmodelslim's ascendv1 saver lays it out: ``tensors`` in one
+    ``shard`` (``part_file_size: 0`` gives ``quant_model_weights.safetensors`` and no index;
+    ``index`` adds ``quant_model_weights.safetensors.index.json``) and
+    ``quant_model_description.json``, ``config`` as ``config.json`` when given.
+
+    The description's global entries are set from ``version`` / ``group_size`` /
+    ``model_quant_type``; None keeps what ``description`` says. The one writer of tensor
+    checkpoints for the tests and benchmarks; ``support.real_layouts.write_checkpoint`` writes
+    header-only layouts at real sizes.
+    """
     from safetensors.torch import save_file
 
     os.makedirs(folder, exist_ok=True)
-    save_file(
-        {k: v.contiguous() for k, v in tensors.items()},
-        os.path.join(folder, "quant_model_weights.safetensors"),
-        metadata=METADATA,
-    )
+    content = {k: v.contiguous() for k, v in tensors.items()}
+    save_file(content, os.path.join(folder, shard), metadata=METADATA)
+    if index:
+        total = sum(t.numel() * t.element_size() for t in content.values())
+        weight_map = dict.fromkeys(content, shard)
+        with open(os.path.join(folder, INDEX), "w") as handle:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, handle,
+                      indent=2)  # fmt: skip
     desc = dict(description)
-    desc["model_quant_type"] = model_quant_type
-    if version is not None:
-        desc["version"] = version
-    desc["group_size"] = group_size
+    for key, value in (
+        ("model_quant_type", model_quant_type),
+        ("version", version),
+        ("group_size", group_size),
+    ):
+        if value is not None:
+            desc[key] = value
     with open(os.path.join(folder, DESCRIPTION), "w") as handle:
-        json.dump(desc, handle, indent=1)
+        json.dump(desc, handle, indent=indent)
+    if config is not None:
+        with open(os.path.join(folder, "config.json"), "w") as handle:
+            json.dump(config, handle, indent=1)
     return folder
 
 

@@ -212,12 +212,18 @@ def draft_rows(layout: Layout) -> int:
     )  # fmt: skip
 
 
-def write_checkpoint(folder: str, layout: Layout, *, sparse: bool) -> int:
+def write_checkpoint(folder: str, layout: Layout, *, sparse: bool, index: bool = False) -> int:
     """Write ``layout`` into ``folder``; returns the apparent bytes written.
 
     ``sparse``: headers are real, weights are holes that read as zeros, and the small
     companions (scales, offsets, biases) hold real values, so a plan can be built. Otherwise
-    every tensor holds values (see the module docstring)."""
+    every tensor holds values (see the module docstring). ``index`` adds
+    ``quant_model_weights.safetensors.index.json``.
+
+    A writer beside ``support.checkpoints.write_modelslim_checkpoint`` because it starts from
+    (name, dtype tag, shape) and writes each header first and then seeks: a checkpoint at a
+    published model's real size (tens of GB apparent) costs a few KB of disk and no tensor in
+    memory."""
     os.makedirs(folder, exist_ok=True)
     default = "quant_model_weights-00001-of-00001.safetensors"
     by_file: dict[str, list[tuple[str, str, tuple[int, ...]]]] = {}
@@ -228,6 +234,10 @@ def write_checkpoint(folder: str, layout: Layout, *, sparse: bool) -> int:
     apparent = 0
     for file, tensors in by_file.items():
         apparent += _write_file(os.path.join(folder, file), sorted(tensors), sparse, rng)
+    if index:
+        weight_map = {name: file for file, entries in by_file.items() for name, _, _ in entries}
+        with open(os.path.join(folder, "quant_model_weights.safetensors.index.json"), "w") as h:
+            json.dump({"metadata": {}, "weight_map": weight_map}, h)
     with open(os.path.join(folder, "quant_model_description.json"), "w") as handle:
         json.dump(layout.description, handle)
     with open(os.path.join(folder, "config.json"), "w") as handle:

@@ -1,7 +1,9 @@
 """An independent dequantizer for the tests, written from the ModelSlim format notes.
 
-It shares no code with the plugin: whatever the plugin computes is compared against this
-straightforward fp32 formula, applied to the raw tensors read with safetensors.
+It shares no code with the plugin's decoders (``formats/schemes``): whatever the plugin computes
+is compared against these straightforward fp32 formulas, applied to the raw tensors read with
+safetensors. The 2-D affine and float8 rules are ``tools/verify``'s independent decoder (itself
+free of ``formats/schemes``); the N-D int4 and MX rules live here.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import os
 import numpy as np
 import torch
 from safetensors.torch import load_file
+
+from sglang_mtp_dequant.tools.verify.independent import independent_dequantize, int4_nibbles
 
 
 def load_all(folder: str) -> dict[str, torch.Tensor]:
@@ -39,21 +43,28 @@ def dequantize_fp32(
     tensors: dict[str, torch.Tensor], weight_name: str, scheme: str
 ) -> torch.Tensor:
     """fp32 ``(q - offset) * scale`` (static W8A8: ``scale = deq_scale / input_scale``)."""
-    base = weight_name[: -len(".weight")]
-    q = tensors[weight_name]
-    if scheme in ("W8A8_DYNAMIC", "W8A16"):
-        scale = expand_to(tensors[base + ".weight_scale"], q.shape)
-        if scheme == "W8A8_DYNAMIC" and base + ".weight_offset" not in tensors:
-            return q.float() * scale  # symmetric by definition: no offset means zero
-        offset = expand_to(tensors[base + ".weight_offset"], q.shape)
-        return (q.float() - offset) * scale
-    if scheme == "W8A8":
-        deq = tensors[base + ".deq_scale"]
-        if deq.dtype == torch.int64:
-            deq = deq.to(torch.int32).view(torch.float32)
-        scale = deq.float() / tensors[base + ".input_scale"].float()
-        return q.float() * scale[:, None]
-    raise AssertionError(f"reference has no rule for {scheme}")
+    if scheme not in ("W8A8_DYNAMIC", "W8A16", "W8A8"):
+        raise AssertionError(f"reference has no rule for {scheme}")
+    return decode(tensors, weight_name, scheme)
+
+
+def decode(
+    tensors: dict[str, torch.Tensor],
+    weight_name: str,
+    scheme: str | None = None,
+    version: str | None = None,
+) -> torch.Tensor:
+    """fp32 weight of a 2-D ``weight_name`` from its companions in ``tensors``, by
+    ``independent_dequantize``; a layout it has no rule for fails the test."""
+    w = independent_dequantize(tensors, weight_name, scheme, version)
+    assert w is not None, f"the independent decoder has no rule for {weight_name} ({scheme})"
+    return w
+
+
+def decode_codes(q: torch.Tensor, **companions: torch.Tensor) -> torch.Tensor:
+    """fp32 weight of the codes ``q`` with companions by suffix (``weight_scale_inv=...``)."""
+    tensors = {"w.weight": q, **{f"w.{suffix}": v for suffix, v in companions.items()}}
+    return decode(tensors, "w.weight")
 
 
 # parameter of the sglang draft -> the checkpoint tensors concatenated into it (TP=1)
@@ -92,16 +103,9 @@ def quantization_step(
 # W4A8 and per-group W4A16 pair output rows, per-channel W4A16 pairs input columns)
 
 
-def _nibbles(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(low, high) nibbles of int8 bytes as signed int16, by masking and re-centring."""
-    byte = packed.to(torch.int16) & 0xFF
-    low, high = byte & 0xF, (byte >> 4) & 0xF
-    return torch.where(low >= 8, low - 16, low), torch.where(high >= 8, high - 16, high)
-
-
 def unpack_int4_rows(packed: torch.Tensor) -> torch.Tensor:
     """(..., out/2, in) -> (..., out, in): even rows low nibble, odd rows high nibble."""
-    low, high = _nibbles(packed)
+    low, high = int4_nibbles(packed)
     shape = list(packed.shape)
     shape[-2] *= 2
     out = torch.empty(shape, dtype=torch.int16)
@@ -111,7 +115,7 @@ def unpack_int4_rows(packed: torch.Tensor) -> torch.Tensor:
 
 def unpack_int4_cols(packed: torch.Tensor) -> torch.Tensor:
     """(..., out, in/2) -> (..., out, in): even columns low nibble, odd columns high nibble."""
-    low, high = _nibbles(packed)
+    low, high = int4_nibbles(packed)
     shape = list(packed.shape)
     shape[-1] *= 2
     out = torch.empty(shape, dtype=torch.int16)
@@ -179,13 +183,25 @@ def int4_step(tensors: dict[str, torch.Tensor], weight_name: str, in_features: i
 
 
 def quantize_w8a8_dynamic(w: torch.Tensor) -> dict[str, torch.Tensor]:
-    """msmodelslim's W8A8_DYNAMIC export of a float weight: symmetric per-channel minmax int8,
-    ``weight_scale`` f32 (..., out, 1), ``weight_offset`` zeros (``ascendv1.py``,
-    ``on_w8a8_dynamic_per_channel``)."""
-    w = w.float()
-    scale = w.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 127.0
-    q = torch.clamp(torch.round(w / scale), -128, 127).to(torch.int8)
-    return {"weight": q, "weight_scale": scale, "weight_offset": torch.zeros_like(scale)}
+    """msmodelslim 26.1.0's W8A8_DYNAMIC export of a float weight (..., out, in): symmetric
+    per-channel minmax int8, ``weight_scale`` f32 (..., out, 1), ``weight_offset`` zeros.
+
+    Operation for operation as msmodelslim (``core/quantizer/impl/minmax.py``
+    ``WeightPerChannelMinmax``, ``ir/api/impl/int_quantization.py`` ``calculate_int_qparam`` /
+    ``int_quantize``, ``save/ascendv1.py`` ``on_w8a8_dynamic_per_channel``), in ``w``'s own
+    dtype: a bf16 layer rounds in bf16 as msmodelslim does (``benchmarks/accept/writer_proof.py``
+    checks it byte for byte); pass ``w.float()`` for fp32 round-to-nearest.
+    """
+    min_val = torch.amin(w, -1, True)
+    max_val = torch.amax(w, -1, True)
+    eps = torch.tensor([torch.finfo(torch.float32).eps]).type_as(min_val)
+    min_val = torch.min(min_val, torch.zeros_like(min_val))
+    max_val = torch.max(max_val, torch.zeros_like(max_val))
+    scale = torch.max(torch.max(-min_val, max_val) / float(127), eps)
+    codes = (w / scale).round_().clamp_(min=-128, max=127).to(torch.int8)
+    scale = scale.to(torch.float32).contiguous()
+    offset = torch.zeros_like(scale)
+    return {"weight": codes.contiguous(), "weight_scale": scale, "weight_offset": offset}
 
 
 # -- MX, W4A4_DYNAMIC, WFP8AFP8_DYNAMIC: written from msmodelslim 26.1.0's saver ----------------
@@ -201,7 +217,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal dtype, shape and bit pattern (``torch.equal`` takes -0.0 for 0.0 and fails NaN)."""
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     return torch.equal(a.contiguous().view(view), b.contiguous().view(view))
 
 

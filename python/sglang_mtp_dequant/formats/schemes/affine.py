@@ -57,7 +57,7 @@ def dequantize(
     that kernel accepting its input as its output. What torch's kernels for these passes cost
     against a plain cast: ``bench_dequant.py --floor``, docs/results.md.
 
-    ``test/unit/test_dequantize.py`` checks it against the whole-tensor fp32 formula.
+    ``test/unit/formats/test_dequantize.py`` checks it against the whole-tensor fp32 formula.
     """
     rows, in_features = codes.shape
     if out is None:

@@ -12,7 +12,7 @@ run along depends on the scheme, so the scale's shape (one row per output channe
 shapes alone cannot tell, the description's ``version`` decide. The layout of each scheme,
 and the msmodelslim functions that write it: docs/layouts.md, "Schemes" and "int4 packing";
 each scheme's arithmetic is on its class. Every rule is checked against the tool's own output
-in ``test/test_int4.py``.
+in ``test/integration/test_int4.py``.
 
 Memory: unpacking makes one int8 copy of one tensor (int16 for the two-stage form, see
 ``_TwoStageCodes``); the fp32 work stays in ``AffineDecoder``'s row blocks.

@@ -33,8 +33,9 @@ def _expand(values: torch.Tensor, rows: int, cols: int) -> torch.Tensor | None:
     return values.repeat_interleave(cols // values.shape[1], dim=1)
 
 
-def _nibbles(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(low, high) nibbles of int8 bytes as signed int16, by masking and re-centring."""
+def int4_nibbles(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(low, high) nibbles of int8 bytes as signed int16, by masking and re-centring (the
+    tests' reference unpacks msmodelslim's int4 pairs with it too)."""
     byte = packed.to(torch.int16) & 0xFF
     low, high = byte & 0xF, (byte >> 4) & 0xF
     return torch.where(low >= 8, low - 16, low), torch.where(high >= 8, high - 16, high)
@@ -130,12 +131,12 @@ def _int4_codes(
 ) -> torch.Tensor | None:
     out_features = scale.shape[0]
     if q.shape[0] * 2 == out_features:  # pairs along out (W4A8 V1, W4A16 per group)
-        return _interleave(*_nibbles(q), axis=0)
+        return _interleave(*int4_nibbles(q), axis=0)
     if q.shape[0] != out_features:
         return None
     per_group = scale.dim() == 2 and scale.shape[1] > 1
     if described == "W4A16" and version == "1.0.0" and not per_group:
-        return _interleave(*_nibbles(q), axis=1)  # pairs along in
+        return _interleave(*int4_nibbles(q), axis=1)  # pairs along in
     return q.to(torch.int16)  # legacy: one code per byte
 
 

@@ -10,6 +10,7 @@ import torch
 
 from sglang_mtp_dequant.errors import CheckpointFormatError
 from sglang_mtp_dequant.formats.checkpoint import dtype_name, is_code_dtype
+from support.checkpoints import edit_description
 from unit.helpers import W, open_folder, w8a8_checkpoint
 
 
@@ -93,12 +94,7 @@ def test_json_orjson_refuses_is_read_as_python_json_reads_it(tmp_path):
 
 def test_a_group_size_that_is_no_integer_is_refused(tmp_path):
     w8a8_checkpoint(str(tmp_path))
-    path = os.path.join(str(tmp_path), "quant_model_description.json")
-    with open(path) as handle:
-        desc = json.load(handle)
-    desc["group_size"] = "32"
-    with open(path, "w") as handle:
-        json.dump(desc, handle)
+    edit_description(str(tmp_path), lambda desc: desc.update(group_size="32"))
     with pytest.raises(CheckpointFormatError, match="group_size is '32'"):
         open_folder(str(tmp_path))
 

@@ -150,7 +150,7 @@ EXTRA_QUANTIZED = {
 def quantize_shared_expert(tensors: dict, desc: dict) -> None:
     for name in EXTRA_QUANTIZED:
         base = name[: -len(".weight")]
-        for suffix, value in quantize_w8a8_dynamic(tensors.pop(name)).items():
+        for suffix, value in quantize_w8a8_dynamic(tensors.pop(name).float()).items():
             tensors[f"{base}.{suffix}"] = value
             desc[f"{base}.{suffix}"] = "W8A8_DYNAMIC"
 

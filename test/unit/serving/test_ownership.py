@@ -3,7 +3,7 @@
 The layer here is a minimal stand-in with the two things ownership asks of sglang's FusedMoE
 (its global -> local expert map and ``moe_ep_size``), so the rule itself runs with no sglang
 import. The real FusedMoE at EP=2, through sglang's loader in two gloo ranks, is
-``test/test_tensor_parallel.py``.
+``test/integration/test_tensor_parallel.py``.
 """
 
 from __future__ import annotations

@@ -18,12 +18,19 @@ from sglang_mtp_dequant.formats.naming import (
     nextn_layer,
     nextn_layer_multimodal,
 )
+from support.paths import FIXTURES
 
-FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures")
 JSON_FILES = sorted(
     glob.glob(os.path.join(FIXTURES, "**", "quant_model_description*.json"), recursive=True)
     + glob.glob(os.path.join(FIXTURES, "**", "*.safetensors.index.json"), recursive=True)
 )
+
+
+def test_the_fixtures_json_files_are_found():
+    """The comparison below runs over every committed index and description, never none."""
+    assert len(JSON_FILES) >= 10, JSON_FILES
+
+
 NEEDLES = (("mtp",), ("model.layers.1.",), ("model.layers.2.", "lm_head.weight"), ("embed",))
 
 

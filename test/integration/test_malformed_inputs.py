@@ -26,7 +26,7 @@ from sglang_mtp_dequant.formats.checkpoint import Checkpoint, TensorInfo
 from sglang_mtp_dequant.formats.plan import DequantPlan
 from sglang_mtp_dequant.formats.schemes.int8 import AffineInt8, StaticInt8
 from sglang_mtp_dequant.tools.doctor import diagnose
-from support.checkpoints import open_checkpoint
+from support.checkpoints import edit_description, open_checkpoint
 from support.paths import fixture_dir
 from support.reference import dequantize_fp32, load_all
 
@@ -213,11 +213,13 @@ def test_description_that_is_not_a_description(description):
 def test_description_entries_of_any_type(types, group_size):
     """Any type string (or none) for any tensor: the int8 weights still decode correctly or
     are refused; they are never kept as float."""
-    with open(os.path.join(FIXTURE, DESCRIPTION)) as handle:
-        description = json.load(handle)
-    description.update(types)
-    description["group_size"] = group_size
-    folder = fresh_copy({DESCRIPTION: json.dumps(description).encode()})
+
+    def edit(description: dict) -> None:
+        description.update(types)
+        description["group_size"] = group_size
+
+    folder = fresh_copy({})
+    edit_description(folder, edit)
     ckpt = open_or_clear_error(folder)
     if ckpt is not None:
         assert_consistent(ckpt)

@@ -2,8 +2,8 @@
 
 Usage (what the tests run, each in its own session, so nothing can signal pytest)::
 
-    python test/test_processes.py --tp 2 --nnodes 1 --node-rank 0 --out infos.json
-    python test/test_processes.py --tp 2 --nnodes 2 --node-rank 1 --out infos.json
+    python test/integration/test_processes.py --tp 2 --nnodes 1 --node-rank 0 --out infos.json
+    python test/integration/test_processes.py --tp 2 --nnodes 2 --node-rank 1 --out infos.json
 
 The launcher does what ``Engine._launch_subprocesses`` does up to the schedulers (load_plugins,
 ``_set_envs_and_config`` which forces ``spawn``, publish, PortArgs) and then calls sglang's own
@@ -42,11 +42,11 @@ if __name__ == "__main__":  # the launcher: CPU-only torchvision shim before sgl
 import pytest
 
 from sglang_mtp_dequant.tools.cpu_sglang import free_port
+from support.paths import TEST, fixture_dir
 
 pytestmark = pytest.mark.slow  # spawns processes (see pyproject.toml)
 
-TEST_DIR = os.path.dirname(os.path.abspath(__file__))
-FIXTURE = os.path.join(TEST_DIR, "fixtures", "modelslim", "q35_dense_w8a8_dynamic")
+FIXTURE = fixture_dir("q35_dense_w8a8_dynamic")
 HOOK_TARGET = "sglang.srt.models.qwen3_5_mtp.Qwen3_5ForCausalLMMTP.load_weights"
 OUR_HOOK = "sglang_mtp_dequant[Qwen3_5ForCausalLMMTP]"
 PROBE_KEY = "mtp_dequant_probe"
@@ -137,9 +137,7 @@ def write_probe_site(folder: str) -> str:
 
 def probe_env(site: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "SGLANG_PLUGINS"}
-    env["PYTHONPATH"] = os.pathsep.join([site, TEST_DIR, env.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep
-    )
+    env["PYTHONPATH"] = os.pathsep.join([site, TEST, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.update(extra)
     return env
 

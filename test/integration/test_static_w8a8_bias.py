@@ -14,10 +14,9 @@ import os
 import torch
 from safetensors.torch import load_file
 
-FIXTURE = os.path.join(
-    os.path.dirname(__file__), "fixtures", "modelslim", "q35_dense_w8a8_static_bias"
-)
-REFERENCE = os.path.join(os.path.dirname(__file__), "fixtures", "reference")
+from support.paths import REFERENCE, fixture_dir
+
+FIXTURE = fixture_dir("q35_dense_w8a8_static_bias")
 PROJS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 

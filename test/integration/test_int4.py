@@ -19,9 +19,9 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from support.checkpoints import edit_description, edit_tensors
+from support.checkpoints import edit_description, edit_tensors, write_modelslim_checkpoint
 from support.paths import fixture_dir, reference_file
 from support.reference import (
     DENSE_PROJECTIONS,
@@ -205,12 +205,14 @@ def test_two_stage_error_is_two_roundings():
 
 
 def rewrite(folder: str, tensors: dict, desc: dict) -> None:
+    """The copied fixture's weights replaced by ``tensors`` in one file, its description by
+    ``desc`` (whose global entries are kept)."""
     for f in os.listdir(folder):
         if f.endswith(".safetensors") or f.endswith(".index.json"):
             os.remove(os.path.join(folder, f))
-    save_file(tensors, os.path.join(folder, "quant_model_weights.safetensors"))
-    with open(os.path.join(folder, "quant_model_description.json"), "w") as handle:
-        json.dump(desc, handle)
+    write_modelslim_checkpoint(
+        folder, tensors, desc, version=None, group_size=None, model_quant_type=None, indent=None
+    )
 
 
 def test_w4a16_per_group_packs_along_out(tmp_path):

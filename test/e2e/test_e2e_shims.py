@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support.paths import E2E, ROOT
+
 SITE = os.path.join(ROOT, "e2e", "site")
-E2E = os.path.join(ROOT, "test", "fixtures", "e2e")
 
 MARK = "sglang-mtp-dequant e2e shim:"
 

@@ -19,11 +19,11 @@ import time
 import pytest
 from e2e.server import RUN_MARK
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support.paths import E2E, ROOT
+
 #: the harness as users run it: ``python -m e2e`` from the repository root
 HARNESS = ("-m", "e2e")
 
-E2E = os.path.join(ROOT, "test", "fixtures", "e2e")
 FLOAT, W8A8 = os.path.join(E2E, "float"), os.path.join(E2E, "w8a8")
 MOE_FLOAT, MOE_W8A8 = os.path.join(E2E, "moe_float"), os.path.join(E2E, "moe_w8a8")
 HYBRID_FLOAT, HYBRID_W8A8 = os.path.join(E2E, "hybrid_float"), os.path.join(E2E, "hybrid_w8a8")
@@ -242,20 +242,18 @@ def test_a_model_that_is_not_one_modelslim_folder_is_refused(tmp_path, folder, s
 def broken_draft(folder, missing: str) -> str:
     """The bundled one-folder checkpoint with ``missing`` (an MTP weight_scale) removed from
     its weights, index and description: a ModelSlim folder that can serve garbage."""
-    from safetensors.torch import load_file, save_file
+    from support.checkpoints import dropping, edit_description, edit_tensors
 
     shutil.copytree(W8A8, folder)
-    shard = os.path.join(folder, "quant_model_weights-00001-of-00001.safetensors")
-    tensors = load_file(shard)
-    del tensors[missing]
-    save_file(tensors, shard, metadata={"format": "pt"})
-    for name in ("quant_model_weights.safetensors.index.json", "quant_model_description.json"):
-        path = os.path.join(folder, name)
-        with open(path) as handle:
-            data = json.load(handle)
-        (data["weight_map"] if "weight_map" in data else data).pop(missing)
-        with open(path, "w") as handle:
-            json.dump(data, handle)
+    edit_tensors(os.path.join(folder, "quant_model_weights-00001-of-00001.safetensors"),
+                 dropping(missing))  # fmt: skip
+    edit_description(str(folder), dropping(missing))
+    path = os.path.join(folder, "quant_model_weights.safetensors.index.json")
+    with open(path) as handle:
+        index = json.load(handle)
+    del index["weight_map"][missing]
+    with open(path, "w") as handle:
+        json.dump(index, handle)
     return str(folder)
 
 

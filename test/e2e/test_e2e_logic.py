@@ -9,18 +9,16 @@ alternation code is tested for what it sends and how it orders and counts the an
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
-from e2e import checks, load, plan
 from e2e.client import Generation
 from e2e.server import ServerRun
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from e2e import checks, load, plan
 
 
 def test_the_one_folder_plan_is_the_users_launch():

@@ -2,7 +2,7 @@
 
 Usage (what the tests run, in its own session so nothing can signal pytest)::
 
-    python test/test_ray.py --out result.json
+    python test/integration/test_ray.py --out result.json
 
 The driver script calls sglang's own ``RayEngine._launch_scheduler_processes`` (what
 ``--use-ray`` and ``RayEngine`` run after ``Engine._launch_subprocesses``' preparation) twice,
@@ -45,7 +45,6 @@ if __name__ == "__main__":  # the driver: CPU-only torchvision shim before sglan
     ensure_torchvision_importable()
 
 import pytest
-
 from test_processes import (
     FIXTURE,
     OUR_HOOK,

@@ -11,7 +11,8 @@ The checkpoints here are made the DeepSeek way from float weights (the float-MTP
 MoE fixture's float reference weights, and a wider Qwen3.5 draft whose projections span several
 blocks per dimension with a ragged last block), and loaded through sglang's real
 ``Qwen3_5ForCausalLMMTP`` and ``DefaultModelLoader``, with the plugin and without (stock).
-Expected values are computed here, independently: ``bf16(fp32(q) * scale_expanded)``.
+Expected values are computed independently (``tools/verify``'s decoder, no code shared with
+the plugin's): ``bf16(fp32(q) * scale_expanded)``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from sglang_mtp_dequant.serving.guard import MODE_ENV
 from sglang_mtp_dequant.serving.guard.values import code_evidence
 from support.checkpoints import dropping, edit_tensors
 from support.paths import fixture_dir, reference_file
-from support.reference import DENSE_PROJECTIONS, load_all
+from support.reference import DENSE_PROJECTIONS, decode_codes, load_all
 
 BLOCK = 128
 FLOAT = "q35_dense_float_mtp"
@@ -76,11 +77,9 @@ def block_quantize(w: torch.Tensor, dtype=torch.float8_e4m3fn, block: int = BLOC
     return q, scale
 
 
-def block_dequantize(q: torch.Tensor, scale_inv: torch.Tensor, block: int = BLOCK):
+def block_dequantize(q: torch.Tensor, scale_inv: torch.Tensor):
     """bf16(fp32(q) * scale_inv expanded to every element): one fp32 product, one rounding."""
-    out, cols = q.shape
-    full = scale_inv.repeat_interleave(block, 0)[:out].repeat_interleave(block, 1)[:, :cols]
-    return (q.float() * full).to(torch.bfloat16)
+    return decode_codes(q, weight_scale_inv=scale_inv).to(torch.bfloat16)
 
 
 def scaled_quantize(w: torch.Tensor, layout: str, dtype=torch.float8_e4m3fn):
@@ -97,8 +96,8 @@ def scaled_quantize(w: torch.Tensor, layout: str, dtype=torch.float8_e4m3fn):
 
 
 def scaled_dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    s = scale.float().reshape(-1, 1) if scale.numel() > 1 else scale.float().reshape(1, 1)
-    return (q.float() * s).to(torch.bfloat16)
+    """bf16(fp32(q) * scale), the scale per tensor or per output channel."""
+    return decode_codes(q, weight_scale=scale).to(torch.bfloat16)
 
 
 # -- checkpoints -------------------------------------------------------------------------------
