@@ -2,11 +2,14 @@
 ``#fragment`` into a Markdown file, a heading there has that GitHub anchor.
 
 The README's set-up figures point at a section of docs/results.md; a renamed or missing
-section would leave a new user's first link dead, which nothing else would notice.
+section would leave a new user's first link dead, which nothing else would notice. The same
+file checks that every repository path in a code span exists, that the package's module
+docstrings stay short (purpose and usage) and that its docstrings tell no history.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -117,13 +120,42 @@ def _repository_path(span: str, tops: set[str], tiers: set[str]) -> str | None:
     return None
 
 
+#: the file name endings a code span's path may have (any other ``a.b`` is a module attribute)
+EXTENSIONS = frozenset(
+    "py md json toml yml yaml txt sh cfg ini csv png patch diff safetensors".split()
+)
+
+
+def _partial_path(span: str, folders: set[str]) -> str | None:
+    """A code span that names a path from inside the tree (``guard/writes.py``,
+    ``schemes/affine.dequantize``, ``support/checkpoints.py``): it starts with the name of one
+    of this repository's folders but not at the root. Returned as the file it names (a
+    ``module.attribute`` as ``module.py``), None for spans that are not such a path."""
+    path = re.sub(r"(:\d+(-\d+)?|::[\w\[\]-]+)$", "", span).rstrip(".").rstrip("/")
+    if "/" not in path or any(c in path for c in "<>*{}$|()[],'\"="):
+        return None
+    if f"{path}/".startswith(SGLANG_TREE) or path.split("/")[0] not in folders:
+        return None
+    head, _, last = path.rpartition("/")
+    stem, dot, rest = last.partition(".")
+    if dot and rest not in EXTENSIONS:
+        return f"{head}/{stem}.py"  # module.attribute
+    return path
+
+
 def test_every_repository_path_in_a_code_span_exists():
     """Docs, docstrings and comments name files by path (``test/unit/formats/test_dequantize.py``,
     `docs/layouts.md`, ``formats/naming.py:52``); a moved file leaves such a name stale with
-    no link to break, so each one that starts with a folder of this repository must exist."""
+    no link to break, so each one that starts with a folder of this repository must exist.
+    A path from inside the tree (``guard/writes.py``) must end some tracked path."""
     files = tracked_files()
     tops = {f.split("/")[0] for f in files if "/" in f}
     tiers = set(os.listdir(PACKAGE))
+    folders = {"/".join(f.split("/")[:i]) for f in files for i in range(1, f.count("/") + 1)}
+    folder_names = {d.rpartition("/")[2] for d in folders}
+    tails = {
+        "/".join(p.split("/")[i:]) for p in set(files) | folders for i in range(p.count("/") + 1)
+    }
     stale = []
     for name in files:
         if not name.endswith((".py", ".md")):
@@ -131,8 +163,71 @@ def test_every_repository_path_in_a_code_span_exists():
         with open(os.path.join(ROOT, name), encoding="utf-8") as f:
             text = f.read()
         for match in CODE_SPAN.finditer(text):
-            path = _repository_path(match.group(1), tops, tiers)
-            if path is not None and not os.path.exists(path):
+            span = match.group(1)
+            path = _repository_path(span, tops, tiers)
+            partial = None if path is not None else _partial_path(span, folder_names)
+            if (path is not None and not os.path.exists(path)) or (
+                partial is not None and partial not in tails
+            ):
                 line = text.count("\n", 0, match.start()) + 1
-                stale.append(f"{name}:{line}: {match.group(1)}")
+                stale.append(f"{name}:{line}: {span}")
     assert not stale, stale
+
+
+def package_modules() -> list[str]:
+    return sorted(
+        os.path.join(parent, f)
+        for parent, _, files in os.walk(PACKAGE)
+        for f in files
+        if f.endswith(".py")
+    )
+
+
+#: a module docstring says purpose and usage; the detail sits on the class or function it is
+#: about, the format tables in docs/layouts.md (about 20 lines, as sglang's hook_registry.py)
+MODULE_DOCSTRING_LINES = 22
+
+
+@pytest.mark.parametrize("module", package_modules(), ids=lambda p: os.path.relpath(p, ROOT))
+def test_module_docstrings_are_short(module):
+    with open(module, encoding="utf-8") as f:
+        doc = ast.get_docstring(ast.parse(f.read()), clean=False)
+    lines = len((doc or "").strip("\n").splitlines())
+    assert lines <= MODULE_DOCSTRING_LINES, f"{lines} lines of module docstring"
+
+
+#: phrases that tell the code's history instead of what it does (history is git's)
+HISTORY = re.compile(r"\b(used to|no longer|was moved|previously)\b", re.IGNORECASE)
+
+
+def test_package_docstrings_tell_no_history():
+    told = []
+    for module in package_modules():
+        with open(module, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if not isinstance(
+                node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+            ):
+                continue
+            doc = ast.get_docstring(node, clean=False) or ""
+            for match in HISTORY.finditer(doc):
+                name = getattr(node, "name", "<module>")
+                told.append(f"{os.path.relpath(module, ROOT)}: {name}: {match.group(0)!r}")
+    assert not told, told
+
+
+#: words of this project's own that a reader meets in the code, the docs and the log lines
+OWN_WORDS = (
+    "draft", "target", "codes", "companion", "stock", "foreign", "stand-in", "ledger",
+    "V0 / V1", "FA3 / C8", "QuaRot", "DSA", "MTP / NextN", "scheme", "plan", "guard",
+)  # fmt: skip
+
+
+def test_the_glossary_defines_the_projects_words_and_is_linked():
+    with open(os.path.join(ROOT, "docs", "glossary.md"), encoding="utf-8") as f:
+        defined = {m.group(1) for m in re.finditer(r"^\| ([^|]+?) \|", f.read(), re.MULTILINE)}
+    assert not [w for w in OWN_WORDS if w not in defined], defined
+    for doc in ("README.md", os.path.join("docs", "design.md")):
+        links = relative_links(os.path.join(ROOT, doc))
+        assert any(t.split("#")[0].endswith("glossary.md") for t in links), doc

@@ -136,6 +136,22 @@ def test_one_ruff_version():
     assert hook.group(1) == pinned
 
 
+def test_mypy_requires_annotations_and_the_workflow_runs_it():
+    """The extension points (scheme overrides, the AROUND hooks, the loader observers) stay
+    typed: mypy refuses an unannotated def in the package, and the GitHub lint job runs
+    ``make lint`` (ruff and mypy), not pre-commit's ruff alone."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        mypy = tomllib.load(f)["tool"]["mypy"]
+    assert mypy.get("disallow_untyped_defs") is True
+    for override in mypy.get("overrides", []):  # no module of the package let off
+        assert override.get("disallow_untyped_defs", True), override
+    with open(os.path.join(ROOT, ".github", "workflows", "cpu-tests.yml"), encoding="utf-8") as f:
+        workflow = f.read()
+    assert "run: make lint" in workflow
+
+
 def test_no_import_cycle_in_the_package():
     graph = _module_imports()
     assert "serving.plugin" in graph and "formats.plan" in graph

@@ -7,20 +7,8 @@ Usage::
     info = ckpt.tensors["mtp.layers.0.mlp.up_proj.weight"]   # file, dtype, shape (header only)
     scales = ckpt.read_many([ckpt.tensors["mtp.layers.0.mlp.up_proj.weight_scale"], ...])
 
-Why the headers of exactly the files sglang streams, rather than one index file: sglang's
-``DefaultModelLoader`` streams every ``*.safetensors`` it resolved (it filters by an index only
-when that index is ``model.safetensors.index.json``, which ModelSlim never writes), and
-ModelSlim's own file names vary between engines (V1 ``quant_model_weights-*``, V1 single file
-with no index, V0 ``quant_model_weight_<type>-*`` with its own index name). Reading headers is
-metadata only: the weight bytes are read once, by sglang, when it streams them. Each file's
-header is parsed once, and the small companion tensors are read in one pass per file, so
-opening a checkpoint costs O(tensors) whatever the number of experts.
-
-Index files are still checked, the way sglang reads them: an index names files of its own
-folder (``os.path.join(folder, entry)``), so an entry that climbs out of the folder or is an
-absolute path is an error, while a file that is a symlink to a blob elsewhere (a Hugging Face
-snapshot) is normal. An index that names a missing shard for a draft tensor means the
-download is incomplete.
+It reads the headers of exactly the files sglang streams (metadata only: the weight bytes are
+read once, by sglang) and checks index files the way sglang reads them; why, on ``Checkpoint``.
 """
 
 from __future__ import annotations
@@ -126,7 +114,22 @@ class TensorInfo:
 
 @dataclass
 class Checkpoint:
-    """Header-level view of a checkpoint folder: tensor locations plus the ModelSlim description."""
+    """Header-level view of a checkpoint folder: tensor locations plus the ModelSlim description.
+
+    Why the headers of exactly the files sglang streams, rather than one index file: sglang's
+    ``DefaultModelLoader`` streams every ``*.safetensors`` it resolved (it filters by an index only
+    when that index is ``model.safetensors.index.json``, which ModelSlim never writes), and
+    ModelSlim's own file names vary between engines (V1 ``quant_model_weights-*``, V1 single file
+    with no index, V0 ``quant_model_weight_<type>-*`` with its own index name). Each file's header
+    is parsed once, and the small companion tensors are read in one pass per file, so opening a
+    checkpoint costs O(tensors) whatever the number of experts.
+
+    Index files are still checked, the way sglang reads them: an index names files of its own folder
+    (``os.path.join(folder, entry)``), so an entry that climbs out of the folder or is an absolute
+    path is an error, while a file that is a symlink to a blob elsewhere (a Hugging Face snapshot)
+    is normal. An index that names a missing shard for a draft tensor means the download is
+    incomplete.
+    """
 
     folder: str
     files: list[str]

@@ -9,21 +9,11 @@ Usage::
     fmt.name                                 # "compressed-tensors pack-quantized"
 
 Why: a compressed-tensors or ModelOpt export stores its codes beside companions a ModelSlim
-export never has (``weight_packed``, ``weight_shape``, ``weight_zero_point``,
-``weight_global_scale``, ``weight_scale_2``); read with ModelSlim's rules, an NVFP4 weight
-looked like "W8A8_DYNAMIC expects int8, found uint8". These exporters write
-``quantization_config`` into config.json (msmodelslim's saver removes it), so that field plus
-the tensors beside a weight name the format. How the tensors are laid out (from the formats'
-own writers, compressed-tensors 0.18.0 and ModelOpt 0.47.0):
-
-- compressed-tensors ``pack-quantized``: int32 ``weight_packed``, ``weight_scale``, int64
-  ``weight_shape`` (+ ``weight_zero_point`` when asymmetric);
-- ``int-quantized``: int8 ``weight`` + ``weight_scale`` (+ ``weight_zero_point``);
-- ``float-quantized``: float8 ``weight`` + ``weight_scale``;
-- ``nvfp4-pack-quantized``: uint8 ``weight_packed``, float8 ``weight_scale``, f32
-  ``weight_global_scale`` (+ ``input_global_scale``);
-- ModelOpt NVFP4: uint8 ``weight``, float8 ``weight_scale``, f32 ``weight_scale_2``,
-  ``input_scale``; ModelOpt FP8: float8 ``weight`` + f32 ``weight_scale`` (+ ``input_scale``).
+export never has (``weight_packed``, ``weight_global_scale``, ``weight_scale_2``, ...); read
+with ModelSlim's rules, an NVFP4 weight would read as "W8A8_DYNAMIC expects int8, found
+uint8". These exporters write ``quantization_config`` into config.json (msmodelslim's saver
+removes it), so that field plus the tensors beside a weight name the format (the layouts, on
+``tensor_format`` and in ``docs/layouts.md``).
 """
 
 from __future__ import annotations
@@ -115,7 +105,20 @@ def tensor_format(
     """The foreign format of the weight stored as ``weight`` (``X.weight`` or
     ``X.weight_packed``), judged from the dtypes of the tensors named ``X.*`` (``dtypes``:
     name -> dtype of every recorded tensor) and what config.json declares. None when nothing
-    foreign is there: a ModelSlim export, or a float weight."""
+    foreign is there: a ModelSlim export, or a float weight.
+
+    How the tensors are laid out (from the formats' own writers, compressed-tensors 0.18.0 and
+    ModelOpt 0.47.0):
+
+    - compressed-tensors ``pack-quantized``: int32 ``weight_packed``, ``weight_scale``, int64
+      ``weight_shape`` (+ ``weight_zero_point`` when asymmetric);
+    - ``int-quantized``: int8 ``weight`` + ``weight_scale`` (+ ``weight_zero_point``);
+    - ``float-quantized``: float8 ``weight`` + ``weight_scale``;
+    - ``nvfp4-pack-quantized``: uint8 ``weight_packed``, float8 ``weight_scale``, f32
+      ``weight_global_scale`` (+ ``input_global_scale``);
+    - ModelOpt NVFP4: uint8 ``weight``, float8 ``weight_scale``, f32 ``weight_scale_2``,
+      ``input_scale``; ModelOpt FP8: float8 ``weight`` + f32 ``weight_scale`` (+ ``input_scale``).
+    """
     base = weight.rpartition(".")[0]
     parts = {
         name.rpartition(".")[2]: dtype

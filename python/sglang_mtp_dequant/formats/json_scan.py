@@ -10,15 +10,9 @@ Usage::
     found.member("weight_map").values_held(shards)  # which of ``shards`` some name maps to
 
 Why: an index or a ModelSlim description lists every tensor of the checkpoint (hundreds of
-thousands in a large MoE export), and the draft wants a few dozen of them. Parsing the whole
-file costs per tensor; finding the draft's names costs a pass of ``bytes.find``/``count`` over
-the bytes, in C, which is what keeps the draft's start-up independent of the target's size.
-
-Exact or nothing: the reader answers only for a file with no backslash (so every ``"`` delimits
-a string), braces only outside strings, at most ``MAX_OBJECTS`` objects, each nested object the
-value of a key; a needle is a substring every wanted name contains, so every wanted entry is
-among the hits. Any entry it reads that is not a string value, and any shape it does not know,
-raises ``NotScannable`` (or ``scan_object`` returns None): the caller parses the whole file.
+thousands in a large MoE export), and the draft wants a few dozen of them; a pass of
+``bytes.find`` over the bytes keeps the draft's start-up independent of the target's size.
+Exact or nothing: what the reader accepts, on ``scan_object``.
 """
 
 from __future__ import annotations
@@ -210,7 +204,17 @@ def _fewest(needles: Iterable[str]) -> frozenset[str]:
 
 def scan_object(data: bytes) -> ScannedObject | None:
     """The top-level object of ``data`` and its nested objects, or None if ``data`` is not of
-    the shape the module docstring names (then parse it whole)."""
+    the shape named below (then parse it whole).
+
+    Why: parsing the whole file costs per tensor; finding the draft's names costs a pass of
+    ``bytes.find``/``count`` over the bytes, in C.
+
+    Exact or nothing: the reader answers only for a file with no backslash (so every ``"`` delimits
+    a string), braces only outside strings, at most ``MAX_OBJECTS`` objects, each nested object the
+    value of a key; a needle is a substring every wanted name contains, so every wanted entry is
+    among the hits. Any entry it reads that is not a string value, and any shape it does not know,
+    raises ``NotScannable`` (or ``scan_object`` returns None): the caller parses the whole file.
+    """
     if b"\\" in data:
         return None
     opening, closing = _positions(data, b"{"), _positions(data, b"}")

@@ -7,35 +7,15 @@ Usage::
     with narrowing.draft_load(spec.kept_names(model)) as narrowed:
         original(model, weights)            # sglang resolves its files inside: narrowed here
     narrowed.summary()                      # "streamed 1 of 5 weight files, skipped 4 ..."
-
-    # sources.observe_prepare_weights, on the files sglang's _prepare_weights returned
-    files = narrowing.narrow_resolved(folder, files)
-
-    # the doctor: the same choice offline, and what each load walks
-    choice = choose_files(folder, files, keeps)
+    files = narrowing.narrow_resolved(folder, files)   # sources.observe_prepare_weights
+    choice = choose_files(folder, files, keeps)        # the doctor: the same choice offline
     walk = count_walk(choice, keeps)        # tensors and files, stock and with the plugin
 
-Why: sglang builds the MTP/NextN draft from the target's checkpoint and streams it every
-tensor of every shard; the draft's ``load_weights`` drops all names but its own. The cost is
-per tensor walked, and a ModelSlim MoE export holds hundreds of thousands of them (each
-expert weight with its ``weight_scale`` and ``weight_offset``). The checkpoint's index
-(``model.safetensors.index.json``, ModelSlim's ``quant_model_weights.safetensors.index.json``
-or V0's ``quant_model_weight_<type>.safetensors.index.json``) says which file holds each name,
-so the files holding no name the draft class keeps can be left out of sglang's file list.
-
-Rules, each keeping the load at least what stock sglang streams of the draft:
-- a file no index lists (``maybe_add_mtp_safetensors``'s out-of-index ``mtp.safetensors``, a
-  stray shard) is kept: nothing says what it holds;
-- no index, or an index that cannot be read: nothing is narrowed;
-- the narrowing is active only inside a hooked draft ``load_weights`` (a context variable,
-  so sglang's target load and anything resolved on another thread are untouched), and
-  ``SGLANG_MTP_DEQUANT_NARROW=off`` switches it off;
-- an index that is wrong (a draft tensor in a file it attributes elsewhere) is what the
-  completeness guard catches: a parameter left unwritten stops the load, and its message
-  names the files skipped (``detail``).
-
-Files are compared by their path under the folder, as sglang joins them: in a Hugging Face
-snapshot they are symlinks into ``../../blobs/``, whose own names say nothing.
+Why: sglang streams the draft every tensor of every shard of the target's checkpoint, and its
+``load_weights`` drops all names but its own; the cost is per tensor walked, hundreds of
+thousands in a ModelSlim MoE export. The checkpoint's index says which file holds each name,
+so the files holding no name the draft class keeps can be left out of sglang's file list. The
+rules that keep a load at least what stock sglang streams of the draft, on ``choose_files``.
 """
 
 from __future__ import annotations
@@ -125,9 +105,22 @@ def choose_files(
 ) -> FileChoice:
     """The files of ``files`` a draft whose ``load_weights`` keeps ``keeps`` needs.
 
-    A file is kept when an index of ``folder`` maps a kept name to it, or when no index lists
-    it; see the module docstring for when nothing is narrowed. ``indexes`` are the folder's
-    index files already read (``read_indexes``).
+    A file is kept when an index of ``folder`` (``model.safetensors.index.json``, ModelSlim's
+    V1 or V0 index) maps a kept name to it; ``indexes`` are the folder's index files already
+    read (``read_indexes``). Rules, each keeping the load at least what stock sglang streams:
+
+    - a file no index lists (``maybe_add_mtp_safetensors``'s out-of-index ``mtp.safetensors``, a
+      stray shard) is kept: nothing says what it holds;
+    - no index, or an index that cannot be read: nothing is narrowed;
+    - the narrowing is active only inside a hooked draft ``load_weights`` (a context variable, so
+      sglang's target load and anything resolved on another thread are untouched), and
+      ``SGLANG_MTP_DEQUANT_NARROW=off`` switches it off;
+    - an index that is wrong (a draft tensor in a file it attributes elsewhere) is what the
+      completeness guard catches: a parameter left unwritten stops the load, and its message names
+      the files skipped (``detail``).
+
+    Files are compared by their path under the folder, as sglang joins them: in a Hugging Face
+    snapshot they are symlinks into ``../../blobs/``, whose own names say nothing.
     """
     resolved = tuple(files)
     if not narrowing_enabled():

@@ -8,22 +8,12 @@ Usage (what ``pip install`` arranges; nothing to call by hand)::
 
     # every sglang process: sglang.srt.plugins.load_plugins() -> register() -> apply_hooks()
 
-``register`` puts an AROUND hook on each draft class's ``load_weights`` (``drafts.py``) and two
-observing hooks on sglang's ``DefaultModelLoader`` that record which folder and files it
-resolved (``sources.py``). Every hooked draft load, quantized or not, streams only the files
-that hold the draft's tensors (``narrowing.py``). When a draft built unquantized
-(``quant_config is None``) loads, the hook hands sglang's own ``load_weights`` the transformed
-stream (``stream.py``), planned from exactly the files sglang streams, while recording every
-parameter write (``guard/writes.py``); afterwards the guard refuses a draft left partly
-unwritten or holding raw codes. A draft built with a quant config keeps sglang's own stream,
-except for the codes of its plain ``nn.Linear`` parts (``fc``, ``eh_proj``), and is guarded the
-same way (``quantized_load.py``); both load only the narrowed files.
-``register`` also arms the Ray launch check (``ray_setup.py``): sglang's Ray actors never load
-plugins themselves.
-
-sglang's plugin loader only logs exceptions, so a hook target that cannot be resolved (another
-sglang version, a module that fails to import) is reported here with a WARNING naming it, the
-sglang version and the module's own exception.
+``register`` puts an AROUND hook on each draft class's ``load_weights`` (``drafts.py``), two
+observing hooks on sglang's ``DefaultModelLoader`` (``sources.py``) and the Ray launch check
+(``ray_setup.py``). Every hooked draft load streams only the files holding the draft's tensors
+(``narrowing.py``); a draft built unquantized gets the dequantizing stream (``stream.py``), one
+built with a quant config the decode of its plain ``nn.Linear`` parts (``quantized_load.py``);
+both are guarded (``guard/``). What each hook does: ``register``, ``make_load_weights_hook``.
 """
 
 from __future__ import annotations
@@ -68,7 +58,20 @@ logger = logging.getLogger("sglang_mtp_dequant")
 
 
 def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
-    """Entry point for sglang's general-plugin group: hook every draft class we know."""
+    """Entry point for sglang's general-plugin group: hook every draft class we know.
+
+    When a draft built unquantized (``quant_config is None``) loads, the hook hands sglang's own
+    ``load_weights`` the transformed stream (``stream.py``), planned from exactly the files sglang
+    streams, while recording every parameter write (``guard/writes.py``); afterwards the guard
+    refuses a draft left partly unwritten or holding raw codes. A draft built with a quant config
+    keeps sglang's own stream, except for the codes of its plain ``nn.Linear`` parts (``fc``,
+    ``eh_proj``), and is guarded the same way (``quantized_load.py``). The Ray launch check is armed
+    here because sglang's Ray actors never load plugins themselves.
+
+    sglang's plugin loader only logs exceptions, so a hook target that cannot be resolved (another
+    sglang version, a module that fails to import) is reported here with a WARNING naming it, the
+    sglang version and the module's own exception.
+    """
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     hooks: list[tuple[str, AroundHook, str | None]] = [
@@ -154,7 +157,7 @@ UPSTREAM_FIX = "sglang.srt.layers.quantization.modelslim.modelslim_draft"
 UPSTREAM_FIX_MARKER = "ModelSlimDraftWeightError"
 
 
-def sglang_dequantizes_drafts(load_weights: Any = None) -> bool:
+def sglang_dequantizes_drafts(load_weights: Callable[..., Any] | None = None) -> bool:
     """Whether this sglang has the fix itself (feature-detected, not by version): for every
     draft class, or for the one whose (unwrapped) ``load_weights`` is given."""
     try:
@@ -167,6 +170,16 @@ def sglang_dequantizes_drafts(load_weights: Any = None) -> bool:
 
 
 def make_load_weights_hook(spec: DraftSpec) -> LoadWeightsHook:
+    """The AROUND hook for ``spec``'s ``load_weights``, in sglang's ``HookRegistry`` form
+    ``fn(original_fn, *args, **kwargs) -> result``: ``(original, model, weights, ...)``.
+
+    Inside ``plugin.bypassed()`` it calls ``original`` untouched. Otherwise the load is narrowed
+    to the draft's files and: a draft built quantized gets sglang's own load with its plain
+    ``nn.Linear`` parts decoded (``quantized_load.py``); an sglang that dequantizes drafts itself
+    (``sglang_dequantizes_drafts``) is left to; any other draft loads through the dequantizing
+    stream and the guard. The result is ``original``'s.
+    """
+
     def load_weights_with_dequant(
         original: LoadWeights,
         model: torch.nn.Module,

@@ -2,38 +2,21 @@
 
 Usage::
 
-    # Nothing to do for `python -m sglang.launch_server --use-ray ...` or `RayEngine(...)` in a
-    # driver that has not initialized Ray: the launch guard (registered by plugin.register())
-    # initializes Ray with this package's worker setup hook before the first actor exists.
+    # Nothing to do for `--use-ray` or `RayEngine(...)` in a driver that has not initialized
+    # Ray: the launch guard initializes Ray with ``setup`` before the first actor exists.
+    # A driver that initializes Ray itself (or `ray job submit --runtime-env-json`) passes:
+    ray.init(runtime_env={"worker_process_setup_hook": SETUP_HOOK})
 
-    # A driver that initializes Ray itself passes the hook at job level:
-    hook = "sglang_mtp_dequant.serving.ray_setup.setup"
-    ray.init(runtime_env={"worker_process_setup_hook": hook})
-
-    # ray job submit: the same, in the job's runtime env
-    ray job submit --runtime-env-json \\
-        '{"worker_process_setup_hook": "sglang_mtp_dequant.serving.ray_setup.setup"}' \\
-        -- python -m sglang.launch_server --use-ray ...
-
-Why: sglang loads plugins in every process it spawns (``run_scheduler_process`` calls
-``load_plugins()`` first), but its Ray ``SchedulerActor`` never calls it, and it is the actor
-that builds the draft. A Ray worker runs nothing of this package unless Ray is told to, and
+Why: sglang's Ray ``SchedulerActor`` builds the draft but never calls ``load_plugins()``, and
 the only public way to run code in every worker of a job is the job-level
-``worker_process_setup_hook`` (Ray ignores that field in an actor's own ``runtime_env``, and
-sglang passes none). So:
-
-- ``setup()`` is that hook: sglang's own ``load_plugins()`` in the worker, then a check that
-  this package's hook is really on every draft class; if not, it raises, Ray fails the worker,
-  and the actor (so the launch) fails with the reason, never a silently unhooked draft.
-- ``guard_ray_launch`` runs in the driver right before sglang creates the actors (a BEFORE
-  hook on ``RayEngine._launch_scheduler_processes``): when a draft is configured that may
-  need the plugin, it initializes Ray with ``setup`` as the job's hook, or, if Ray is already
-  initialized without it, refuses the launch with what to do.
+``worker_process_setup_hook``. ``setup()`` is that hook (it raises when the plugin's hook is
+still missing, so the launch fails with the reason); ``guard_ray_launch``, in the driver,
+initializes Ray with it or refuses a launch whose Ray lacks it. The whole story, with the
+measured cost of resolving the guard's target: docs/deployment.md, "Ray".
 
 Cost: when Ray is installed, resolving the guard's target imports ``ray`` and
-``sglang.srt.ray.engine`` in every process that loads plugins (measured in docs/deployment.md,
-``benchmarks/bench_per_rank.py``); each Ray worker of a job with the hook imports sglang's
-draft module once when it starts.
+``sglang.srt.ray.engine`` in every process that loads plugins; each Ray worker of a job with
+the hook imports sglang's draft module once when it starts.
 """
 
 from __future__ import annotations

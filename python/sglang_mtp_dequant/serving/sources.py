@@ -8,19 +8,14 @@ Usage::
     # the draft's load, once sglang has started streaming: the folder and files it streams
     source = context.weight_sources()[-1]
 
-    # the CLI (doctor, verify), or a load sglang resolved elsewhere: sglang's own resolution,
-    # offline, from the local cache only
+    # the CLI (doctor, verify): sglang's own resolution, offline, from the local cache only
     source = resolve_offline("acme/Qwen3.5-27B-w8a8", download_dir="/data/hub", revision=None)
 
 Why observe rather than re-derive: a checkpoint reaches sglang as a folder, a Hugging Face
-snapshot (files are symlinks into ``../../blobs/``), a hub id found in the default cache or in
-``--download-dir``, a revision, a ModelScope download (``SGLANG_USE_MODELSCOPE``); sglang then
-filters by ``model.safetensors.index.json`` and adds a stray ``mtp.safetensors`` for GLM NextN
-checkpoints. Each of those rules, written again here, is one more way to plan from files that
-are not the ones streamed. So in a server the plugin records what ``_prepare_weights`` and
-``maybe_add_mtp_safetensors`` returned (the hooks pass the arguments and the result through;
-inside a hooked draft load only, ``_prepare_weights``'s file list is narrowed to the files
-holding the draft's tensors, ``narrowing.py``), and the CLI calls those same two functions.
+snapshot, a hub id in a cache, a revision or a ModelScope download, then filtered by an index
+and given a stray ``mtp.safetensors``; each rule written again here would be one more way to
+plan from files that are not the ones streamed. So a server records what ``_prepare_weights``
+and ``maybe_add_mtp_safetensors`` returned, and the CLI calls those same two functions.
 """
 
 from __future__ import annotations
@@ -60,7 +55,14 @@ def observe_prepare_weights(
 ) -> tuple[str, list[str], bool]:
     """AROUND ``DefaultModelLoader._prepare_weights``: record the folder and files it chose;
     inside a hooked draft load, narrowed to the files holding the draft's tensors
-    (``narrowing.py``; everywhere else the result passes through unchanged)."""
+    (``narrowing.py``; everywhere else the result passes through unchanged).
+
+    The ways a checkpoint reaches sglang: a folder, a Hugging Face snapshot (files are symlinks into
+    ``../../blobs/``), a hub id found in the default cache or in ``--download-dir``, a revision, a
+    ModelScope download (``SGLANG_USE_MODELSCOPE``); sglang then filters by
+    ``model.safetensors.index.json``. The hook passes the arguments and the result through; only
+    inside a hooked draft load is the file list narrowed (``narrowing.py``).
+    """
     result = original(loader, model_name_or_path, *args, **kwargs)
     folder, files = result[0], result[1]
     streamed = narrowing.narrow_resolved(folder, list(files))

@@ -11,14 +11,12 @@ Usage::
 
 PATH is what sglang gets as ``--model-path``: a folder, a Hugging Face snapshot folder, or a
 hub id in the local cache (never downloaded), with ``--download-dir`` / ``--revision`` as
-sglang takes them. The inputs are checked first, before sglang is imported (``preflight.py``):
-a path that is not there, a file, a folder without config.json or weights, a missing
-``--reference`` are answered at once. Both commands then import sglang to resolve and build
-the checkpoint's draft as it would; sglang's own output (import-time warnings, its loader's
-log lines and progress bars) and this plugin's log lines go to a log file of this run, named
-last, or to the terminal with ``-v``; progress lines go to stderr, the answer (text or
-``--json``) alone to stdout. Any other flags are sglang launch flags (``launch.py``): the answer
-is for that launch. The exit status is the verdict's (``verdicts.py``).
+sglang takes them. The inputs are checked before sglang is imported (``preflight.py``); both
+commands then import sglang to resolve and build the checkpoint's draft as it would. sglang's
+output and this plugin's log lines go to a log file of this run, named last (or to the
+terminal with ``-v``); progress lines go to stderr, the answer (text or ``--json``) alone to
+stdout. Any other flags are sglang launch flags (``launch.py``): the answer is for that
+launch. The exit status is the verdict's (``verdicts.py``).
 """
 
 from __future__ import annotations

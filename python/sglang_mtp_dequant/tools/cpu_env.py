@@ -3,33 +3,18 @@
 Usage::
 
     ensure_torchvision_importable()          # before transformers / sglang are imported
-    with placeholder_vllm_rotary():          # around building a model on CPU
-        model = build(...)
+    with placeholder_vllm_rotary(), cuda_capability_answered(), generic_rope_on_cpu():
+        model = build(...)                   # and npu_quantization_rule() to build as on NPU
+    stand_ins_used()                         # the notes the doctor prints
 
-Each shim acts only where the real thing cannot run, and neither touches attention, matmul,
-sampling or weight loading:
-
-- PyPI's torchvision wheel is a CUDA build; beside CPU torch its import fails with
-  ``operator torchvision::nms does not exist``. Only then, the half-imported modules are
-  dropped and the two operator schemas it needs are defined, so transformers (imported by
-  sglang) can import torchvision. Never done when torchvision imports cleanly (a second
-  definition of the schemas would abort the process).
-- Off CUDA, ``RotaryEmbedding.__init__`` imports ``vllm._custom_ops.rotary_embedding``, a
-  GPU kernel used only in ``forward`` on CUDA. A placeholder module is put in ``sys.modules``
-  while the model is built and removed afterwards; it raises if anything ever calls it.
-- sglang's server-args resolution for DSA models (DeepSeek-V3.2, GLM-5) asks
-  ``torch.cuda.get_device_capability()`` whenever the platform is not NPU or XPU; off CUDA that
-  raises. While the CPU tools publish their ServerArgs (``cuda_capability_answered``) the call
-  is answered ``(0, 0)``: only the KV-cache dtype and attention-backend choices read it, never
-  a weight, a shape or the draft's quantization.
-- sglang's CPU rope (the ``device == "cpu"`` branch of ``get_rope_wrapper``, which the DSA
-  indexer takes) supports ``deepseek_yarn`` scaling only and asserts otherwise (GLM-5's default
-  rope). While a draft is built (``generic_rope_on_cpu``) any other rope is built by sglang's
-  generic ``get_rope``; a rope holds no weights and is used only in ``forward``, which the CPU
-  tools never run.
-
-Each stand-in records a note the first time it is needed (``stand_ins_used``), which the doctor
-prints: what was answered for sglang, and why it cannot change what the check finds.
+Five shims, each acting only where the real thing cannot run, none touching attention,
+matmul, sampling or weight loading: ``ensure_torchvision_importable`` (PyPI's CUDA
+torchvision beside CPU torch), ``placeholder_vllm_rotary`` (a GPU kernel imported by
+``RotaryEmbedding``), ``cuda_capability_answered`` (DSA server-args asking the CUDA
+capability), ``generic_rope_on_cpu`` (ropes sglang's CPU branch cannot build) and
+``npu_quantization_rule`` (the draft classes' NPU-only quantization clauses). Why each is safe
+is on its function. Each stand-in records a note the first time it is needed
+(``stand_ins_used``): what was answered for sglang, and why it cannot change what is found.
 
 The CLI (``verify``, the doctor's dry run), the tests and the end-to-end servers'
 ``sitecustomize`` (``e2e/site/``) use these; the serving plugin never does.
@@ -72,10 +57,14 @@ def forget_stand_ins() -> None:
 
 
 def ensure_torchvision_importable() -> None:
-    """Make ``import torchvision`` work beside CPU torch (see the module docstring).
+    """Make ``import torchvision`` work beside CPU torch.
 
-    Without torchvision installed there is nothing to repair (sglang's own import then says
-    what is missing).
+    PyPI's torchvision wheel is a CUDA build; beside CPU torch its import fails with
+    ``operator torchvision::nms does not exist``. Only then, the half-imported modules are
+    dropped and the two operator schemas it needs are defined, so transformers (imported by
+    sglang) can import torchvision. Never done when torchvision imports cleanly (a second
+    definition of the schemas would abort the process). Without torchvision installed there is
+    nothing to repair (sglang's own import then says what is missing).
     """
     try:
         import torchvision  # noqa: F401
@@ -113,7 +102,12 @@ def vllm_placeholder() -> dict[str, types.ModuleType]:
 
 @contextlib.contextmanager
 def placeholder_vllm_rotary() -> Iterator[None]:
-    """Satisfy the CUDA-only rotary kernel import during model construction only."""
+    """Satisfy the CUDA-only rotary kernel import during model construction only.
+
+    Off CUDA, ``RotaryEmbedding.__init__`` imports ``vllm._custom_ops.rotary_embedding``, a GPU
+    kernel used only in ``forward`` on CUDA. The placeholder is in ``sys.modules`` while the
+    model is built and removed afterwards; it raises if anything ever calls it.
+    """
     if "vllm._custom_ops" in sys.modules:
         yield
         return
@@ -130,9 +124,13 @@ def cuda_capability_answered(
     capability: tuple[int, int] = (0, 0), note: str = CUDA_CAPABILITY_NOTE
 ) -> Iterator[None]:
     """Answer ``torch.cuda.get_device_capability()`` with ``capability`` off CUDA, recording
-    ``note`` when sglang asks (see the module docstring; ``(0, 0)`` while publishing, an sm90
-    answer while a draft is built for ``--device cuda``, ``tools/launch.py``); on a machine with
-    CUDA nothing changes."""
+    ``note`` when sglang asks; on a machine with CUDA nothing changes.
+
+    sglang's server-args resolution for DSA models (DeepSeek-V3.2, GLM-5) asks for it whenever
+    the platform is not NPU or XPU, and off CUDA that raises. ``(0, 0)`` while the CPU tools
+    publish their ServerArgs, an sm90 answer while a draft is built for ``--device cuda``
+    (``tools/launch.py``): only the KV-cache dtype and attention-backend choices read it, never
+    a weight, a shape or the draft's quantization."""
     if torch.cuda.is_available():
         yield
         return
@@ -151,8 +149,13 @@ def cuda_capability_answered(
 
 @contextlib.contextmanager
 def generic_rope_on_cpu() -> Iterator[None]:
-    """Build ropes sglang's CPU branch cannot build with its generic ``get_rope`` (see the
-    module docstring); ``deepseek_yarn`` ropes still come from the CPU branch."""
+    """Build ropes sglang's CPU branch cannot build with its generic ``get_rope``;
+    ``deepseek_yarn`` ropes still come from the CPU branch.
+
+    sglang's CPU rope (the ``device == "cpu"`` branch of ``get_rope_wrapper``, which the DSA
+    indexer takes) supports ``deepseek_yarn`` scaling only and asserts otherwise (GLM-5's
+    default rope). A rope holds no weights and is used only in ``forward``, which the CPU tools
+    never run."""
     from ..serving import sglang_private
 
     real = sglang_private.cpu_rope_builder()

@@ -11,15 +11,12 @@ Usage::
     coverage.codes_in_float  # float parameters stock sglang fills with raw codes
 
 The doctor's answers to "how is the draft built?" and "will every draft parameter be filled?"
-come from sglang's own code: its draft ``ModelConfig`` (``is_draft_model=True``: the draft
-quantization from config.json's ``quantization_config`` when unset), its quantization config,
-and its draft class built on the ``meta`` device (no memory) for the user's launch flags, the
-platform's answers stood in (``launch.py``: NPU by default, the class's own quantization rule
-answering as there). Its own ``load_weights`` is then
-fed a meta tensor of each draft tensor's header shape and dtype, through the plugin's stream
-when the plugin acts, as stock sglang otherwise, with the write recorder the server uses
-(``guard/writes.py``). Loaders decide by names and shapes, never by values, so the record is
-the one a real load would make; no weight byte is read.
+come from sglang's own code: its draft ``ModelConfig`` (``is_draft_model=True``), its
+quantization config, and its draft class built on the ``meta`` device for the user's launch
+flags, the platform's answers stood in (``launch.py``). Its own ``load_weights`` is then fed a
+meta tensor of each draft tensor's header shape and dtype, with the write recorder the server
+uses (``guard/writes.py``). Loaders decide by names and shapes, never by values, so the record
+is the one a real load would make; no weight byte is read.
 """
 
 from __future__ import annotations
@@ -89,7 +86,12 @@ def build_meta_draft(folder: str, launch: Launch | None = None) -> Built:
     """sglang's draft for the checkpoint in ``folder`` (see the module docstring), for the
     user's ``launch`` (its flags published, its platform stood in; default: NPU, no flags).
 
-    Raises whatever sglang raises building it."""
+    Raises whatever sglang raises building it.
+
+    The draft ``ModelConfig`` takes the draft quantization from config.json's
+    ``quantization_config`` when unset; the class is built on ``meta`` (no memory), the platform NPU
+    by default, the class's own quantization rule answering as there.
+    """
     from .cpu_sglang import build_draft, draft_model_config, prepare_cpu_process
     from .launch import default_launch
 

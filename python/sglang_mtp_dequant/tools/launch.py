@@ -11,15 +11,11 @@ Usage::
     launch.describe()        # "as on CUDA (--device cuda) ..." for the report
 
 Why sglang's parser: the answer must be for the launch the user will run, flag for flag
-(``ServerArgs.add_cli_args`` is what ``sglang serve`` / ``python -m sglang.launch_server``
-parse with), and sglang's own resolution (``ServerArgs`` and the draft's ``ModelConfig``) then
-decides the draft's quantization: ``--quantization`` copied to the draft, ``unquant``, the
-checkpoint's ``quantization_config``. What cannot run on this CPU is the platform: the process
-publishes ``device="cpu"``, and while the draft class is built the platform's answers are
-stood in (``cpu_env``): on NPU the draft classes' ``is_npu`` rule, on CUDA
-``torch.cuda.get_device_capability()`` as an sm90 GPU (which compressed-tensors' scheme choice
-asks). Without flags the answer is the one this plugin was built for: NPU, the draft
-quantization unset, and the report says so.
+(``ServerArgs.add_cli_args`` is what ``sglang serve`` parses with), and sglang's own resolution
+then decides the draft's quantization. What cannot run on this CPU is the platform: the
+process publishes ``device="cpu"`` and the platform's answers are stood in while the draft
+class is built (``cpu_env``; which answers, on ``Launch.platform``). Without flags the answer is
+the one this plugin was built for: NPU, the draft quantization unset, and the report says so.
 """
 
 from __future__ import annotations
@@ -102,7 +98,14 @@ class Launch:
 
     @contextlib.contextmanager
     def platform(self) -> Iterator[None]:
-        """sglang's platform answers for ``--device`` while the draft class is built."""
+        """sglang's platform answers for ``--device`` while the draft class is built.
+
+        On NPU the draft classes' ``is_npu`` rule; on CUDA ``torch.cuda.get_device_capability()``
+        answered as an sm90 GPU (which compressed-tensors' scheme choice asks). sglang's own
+        resolution (``ServerArgs`` and the draft's ``ModelConfig``) decides the draft's
+        quantization: ``--quantization`` copied to the draft, ``unquant``, the checkpoint's
+        ``quantization_config``.
+        """
         from .cpu_env import cuda_capability_answered, npu_quantization_rule
 
         if self.device == "npu":

@@ -7,37 +7,12 @@ Usage::
     decoder = scheme.prepare(info, {"weight_scale": s, "weight_offset": o}, group_size=0)
     w = decoder.decompress(packed_int8, torch.bfloat16)     # (out, in) from (out/2, in)
 
-int4 codes travel two to an int8 byte, two's complement, the first of each pair in the low
-nibble (msmodelslim ``_pack_int4``: ``byte = (first & 0xF) | (second << 4)``). Which axis the
-pairs run along depends on the scheme, so the scale's shape (one row per output channel) and,
-where shapes alone cannot tell, the description's ``version`` decide:
-
-| scheme | stored ``weight`` | codes |
-|---|---|---|
-| W4A8_DYNAMIC, ``version`` 1.0.0 (V1; V0 ascendv1 saver) | (out/2, in) | pairs along ``out`` |
-| W4A8_DYNAMIC, no version (legacy savers) | (out, in) | one code per byte |
-| W4A16 per channel, ``version`` 1.0.0 | (out, in/2) | pairs along ``in`` |
-| W4A16 per group, ``version`` 1.0.0 | (out/2, in) | pairs along ``out`` |
-| W4A16, no version | (out, in) | one code per byte |
-| W4A4_DYNAMIC (ascendv1 saver) | (out, in) | one code per byte |
-
-Sources: msmodelslim 26.1.0 ``llm_ptq_tools/save/complex_quantifier.py`` (``_w4a16_pack_int4``,
-``_w4a8_pack_int4``, the two-stage export) and ``modelslim_v1/save/ascendv1.py``
-(``on_w4a8_dynamic``); vllm-ascend's ``AscendW4A8DynamicLinearMethod`` reads the same layouts.
-Every rule here is checked against the tool's own output in ``test/integration/test_int4.py``.
-
-Arithmetic:
-
-- W4A8_DYNAMIC: ``w = q * weight_scale``. The two-stage form (``weight_scale_second`` per group)
-  first quantized the weight to int8 per channel, then the int8 values to int4 per group, so
-  ``w = (q * weight_scale_second) * weight_scale``; msmodelslim computes exactly this product
-  for its ``scale_bias``. ``scale_bias`` is ``8 * sum(w)`` over column blocks, a correction the
-  NPU's int4 GEMM needs, not part of the weight: it is consumed, never applied. msmodelslim
-  writes W4A8 symmetric (zero ``weight_offset`` and ``weight_offset_second``) and vllm-ascend
-  ignores both; a nonzero one is refused rather than guessed at.
-- W4A16: ``w = (q - weight_offset) * weight_scale``, asymmetric (offsets are nonzero).
-- W4A4_DYNAMIC: ``w = (q - weight_offset) * weight_scale``, per channel or per group of ``in``
-  (symmetric exports write zero offsets, asymmetric ones nonzero).
+int4 codes travel two to an int8 byte (``unpack_int4``) or one a byte. Which axis the pairs
+run along depends on the scheme, so the scale's shape (one row per output channel) and, where
+shapes alone cannot tell, the description's ``version`` decide. The layout of each scheme,
+and the msmodelslim functions that write it: docs/layouts.md, "Schemes" and "int4 packing";
+each scheme's arithmetic is on its class. Every rule is checked against the tool's own output
+in ``test/integration/test_int4.py``.
 
 Memory: unpacking makes one int8 copy of one tensor (int16 for the two-stage form, see
 ``_TwoStageCodes``); the fp32 work stays in ``AffineDecoder``'s row blocks.
@@ -199,7 +174,14 @@ def _require_zero(weight: TensorInfo, companions: Mapping[str, torch.Tensor], su
 class W4A8Dynamic(Scheme):
     """W4A8_DYNAMIC: int4 weights, one scale per output channel, optionally two-stage.
 
-    ``weight_offset_second`` is int64 in msmodelslim's two-stage export (zeros)."""
+    ``w = q * weight_scale``. The two-stage form (``weight_scale_second`` per group) first
+    quantized the weight to int8 per channel, then the int8 values to int4 per group, so
+    ``w = (q * weight_scale_second) * weight_scale``; msmodelslim computes exactly this product
+    for its ``scale_bias``. ``scale_bias`` is ``8 * sum(w)`` over column blocks, a correction
+    the NPU's int4 GEMM needs, not part of the weight: it is consumed, never applied.
+    msmodelslim writes W4A8 symmetric (zero ``weight_offset`` and ``weight_offset_second``, the
+    latter int64) and vllm-ascend ignores both; a nonzero one is refused rather than guessed at.
+    """
 
     types = ("W4A8_DYNAMIC",)
     companions = {
@@ -269,7 +251,8 @@ def _exact_in_int16(second: torch.Tensor) -> bool:
 
 @register_scheme
 class W4A16Int4(Scheme):
-    """W4A16: int4 weights with asymmetric ``weight_scale`` / ``weight_offset``.
+    """W4A16: int4 weights with asymmetric ``weight_scale`` / ``weight_offset``:
+    ``w = (q - weight_offset) * weight_scale`` (offsets are nonzero).
 
     Per channel (out, 1) the codes pair up along ``in``; per group (out, in/G) along ``out``.
     Only the per-channel case needs the description's ``version``: (out, in/2) packed and
@@ -318,9 +301,9 @@ class W4A4Dynamic(Scheme):
     msmodelslim 26.1.0 writes ``module.weight.to(torch.int8)`` unpacked
     (``ascendv1.py`` ``on_w4a4_dynamic_per_channel`` / ``_per_group``), symmetric or
     asymmetric (``int4_per_channel_asym`` / ``int4_per_group_asym``), so the offset is applied
-    and a missing one is an error. The (out/2, in) layout sglang reads under
-    ``SGLANG_NPU_W4A4_NEW_PACKING`` is not what this saver writes, and its nibble order is
-    nowhere defined: it is refused.
+    (``w = (q - weight_offset) * weight_scale``) and a missing one is an error. The (out/2, in)
+    layout sglang reads under ``SGLANG_NPU_W4A4_NEW_PACKING`` is not what this saver writes,
+    and its nibble order is nowhere defined: it is refused.
     """
 
     types = ("W4A4_DYNAMIC",)

@@ -7,28 +7,8 @@ Usage::
     decoder = scheme.prepare(info, {"weight_scale": e8m0_uint8}, group_size=32)
     w = decoder.decompress(packed_uint8, torch.bfloat16)     # (out, in) from (out, in/2)
 
-What msmodelslim 26.1.0 writes (``core/quant_service/modelslim_v1/save/ascendv1.py``,
-``on_w8a8_mx_dynamic_per_block``, ``on_w4a8_mx_dynamic_per_block``,
-``on_w4a4_mx_dynamic_per_block``, ``on_w4a4_mx_dynamic_dual_scale``):
-
-| type | ``weight`` | ``weight_scale`` | more |
-|---|---|---|---|
-| W8A8_MXFP8 | float8_e4m3fn (out, in) | uint8 (out, ceil(in/32)) | |
-| W4A8_MXFP, W4A4_MXFP4 | uint8 (out, in/2), two e2m1 codes a byte | uint8 (out, ceil(in/32)) | |
-| W4A4_MXFP4_DUALSCALE | as W4A4_MXFP4 | as W4A4_MXFP4 | ``weight_dual_scale`` |
-
-- ``weight_dual_scale`` is f32 (out, ceil(in/D), 1).
-- ``weight_scale`` is an E8M0 exponent per block of 32 consecutive inputs, stored
-  ``shared_exp + 127`` (the block scale is ``2 ** (byte - 127)``); the last block of a row
-  is shorter when 32 does not divide ``in`` (``ir/utils.py`` ``reshape_to_blocks`` pads the
-  row with zeros). Byte 255 is E8M0's NaN and is refused.
-- e2m1 codes (``utils/pack.py`` ``pack_fp4_to_uint8``): bit 3 the sign, bits 0-2 index
-  ``0, 0.5, 1, 1.5, 2, 3, 4, 6``; the weight's elements are taken in row-major order and paired,
-  the first (even column) in the low nibble: ``byte = even | (odd << 4)``.
-- The dual scale (``core/quantizer/impl/dualscale.py``) is ``max|w| / 6`` per block of ``D``
-  inputs (``dual_block_size``, 512 in msmodelslim's recipes), applied after the MX block scale
-  (``ir/w4a4_mx_dynamic_dualscale.py``): ``w = (fp4 * 2**e) * dual``. The saver does not
-  record ``D``: it is the power-of-two block size that gives the stored number of dual blocks.
+What msmodelslim 26.1.0 writes for each type (tensors, dtypes, shapes, the saver functions
+and the bit fields of e2m1 and E8M0): docs/layouts.md, "The MX schemes".
 
 Arithmetic: ``w = code * 2 ** (byte - 127)`` (times ``dual``), in fp32, rounded once to the
 draft's dtype. The block scale is a power of two, so ``code * 2**e`` is exact in fp32 for every
@@ -115,7 +95,11 @@ def _mx_error(weight: TensorInfo, problem: str) -> DraftWeightError:
 def block_exponents(
     weight: TensorInfo, shape: tuple[int, ...], stored: torch.Tensor, scheme: str
 ) -> torch.Tensor:
-    """The checked fp32 block scales ``2 ** (byte - 127)``, (rows, ceil(in / 32))."""
+    """The checked fp32 block scales ``2 ** (byte - 127)``, (rows, ceil(in / 32)).
+
+    One E8M0 exponent per block of 32 consecutive inputs, stored ``shared_exp + 127``; the last
+    block of a row is shorter when 32 does not divide ``in``. Byte 255 is E8M0's NaN: refused.
+    """
     lead, in_features = tuple(shape[:-1]), shape[-1]
     blocks = -(-in_features // MX_BLOCK)
     if tuple(stored.shape) != lead + (blocks,):
@@ -269,7 +253,12 @@ class Mxfp4DualScale(Mxfp4):
     def _dual(
         self, weight: TensorInfo, shape: tuple[int, ...], values: Mapping[str, torch.Tensor]
     ) -> tuple[torch.Tensor, int]:
-        """The checked fp32 dual scales (rows, ceil(in / D)) and ``D``."""
+        """The checked fp32 dual scales (rows, ceil(in / D)) and ``D``.
+
+        ``weight_dual_scale`` is f32 (out, ceil(in/D), 1), ``max|w| / 6`` per block of ``D``
+        inputs (512 in msmodelslim's recipes). The saver does not record ``D``: it is the power
+        of two that gives the stored number of dual blocks.
+        """
         raw = require(weight, values, "weight_dual_scale", self.name)
         lead, in_features = tuple(shape[:-1]), shape[-1]
         dims = tuple(raw.shape)

@@ -11,15 +11,9 @@ Usage::
 message once and go on) | ``off`` (skip the check).
 
 Two questions, one per module, after sglang's own loaders have stacked and scattered the
-weights:
-
-- ``writes``: was every part of every draft parameter written (every q/k/v shard, every
-  expert this rank keeps)? Parameters the draft takes from the target afterwards
-  (embedding, lm_head) are declared per draft class (``drafts.py``), not guessed.
-- ``values``: do the written float parameters hold raw codes (integer, float8, fp4) or NaN?
-
-``report`` names each refused parameter, the checkpoint tensors that fed it (or that the
-draft class skipped), and what to do.
+weights: ``writes``, was every part of every draft parameter written; ``values``, do the
+written float parameters hold raw codes or NaN. ``report`` names each refused parameter, the
+checkpoint tensors that fed it (or that the draft class skipped), and what to do.
 """
 
 from __future__ import annotations
@@ -88,6 +82,10 @@ def check_loaded_draft(model: torch.nn.Module, load: DraftLoad) -> list[Finding]
     """Run both checks on a draft sglang just loaded; raise, warn or pass per the mode.
 
     Silent when nothing is found.
+
+    ``writes`` asks for every q/k/v shard and every expert this rank keeps; the parameters the draft
+    takes from the target afterwards (embedding, lm_head) are declared per draft class
+    (``drafts.py``), not guessed. ``values`` looks for integer, float8 or fp4 codes, and NaN.
     """
     mode = guard_mode()
     if mode == "off":

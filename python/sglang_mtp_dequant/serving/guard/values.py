@@ -7,22 +7,9 @@ Usage::
 
 Why values: the plan and the stream decide from names, dtypes and the description, and a
 checkpoint can lie to all three (codes stored in a bf16 tensor, a description that says FLOAT,
-names this package does not know, an upstream fix that half worked). Parameters cannot lie.
-Codes copied into a float parameter without their scales keep the grid of their format:
-
-- integer codes (int8, unpacked int4, uint8): every value a whole number, dozens of distinct
-  ones, reaching far beyond a trained weight's range (absmax 127);
-- float8 codes (e4m3, e5m2): every value has at most 3 mantissa bits and lies in the format's
-  range; scaled exports fill that range (absmax up to 448 / 57344);
-- fp4 codes (e2m1): every value is one of 0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6.
-
-A trained or freshly initialised float weight is on none of these grids (its values use all of
-bf16's 8 mantissa bits), while a norm of ones or a zero bias is on all of them but has one or
-two distinct values, so the guard asks for enough distinct values and a large enough absmax.
-
-Cost: ordinary float rows are rejected from a few sampled columns each; rows whose samples are
-all on a grid are read in full until the evidence is conclusive (the first block of about 4 M
-values), and the rest of them are reported from their samples (``benchmarks/bench_guard.py``).
+names this package does not know, an upstream fix that half worked). Parameters cannot lie:
+codes copied into a float parameter without their scales keep the grid of their format. The
+grids and the cost of the test, on ``code_evidence``.
 """
 
 from __future__ import annotations
@@ -110,7 +97,24 @@ class CodeEvidence:
 def code_evidence(tensor: torch.Tensor) -> CodeEvidence | None:
     """Evidence that rows of a float tensor hold raw codes of some format, or None: the format
     whose grid holds the most rows (scaled e4m3 values are integers in the rows whose values
-    are all 8 or more, and on the float8 grid in every row)."""
+    are all 8 or more, and on the float8 grid in every row).
+
+    The grids:
+
+    - integer codes (int8, unpacked int4, uint8): every value a whole number, dozens of distinct
+      ones, reaching far beyond a trained weight's range (absmax 127);
+    - float8 codes (e4m3, e5m2): every value has at most 3 mantissa bits and lies in the format's
+      range; scaled exports fill that range (absmax up to 448 / 57344);
+    - fp4 codes (e2m1): every value is one of 0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6.
+
+    A trained or freshly initialised float weight is on none of these grids (its values use all of
+    bf16's 8 mantissa bits), while a norm of ones or a zero bias is on all of them but has one or
+    two distinct values, so the guard asks for enough distinct values and a large enough absmax.
+
+    Cost: ordinary float rows are rejected from a few sampled columns each; rows whose samples are
+    all on a grid are read in full until the evidence is conclusive (the first block of about 4 M
+    values), and the rest of them are reported from their samples (``benchmarks/bench_guard.py``).
+    """
     found = [e for e in (grid_evidence(tensor, fmt) for fmt in FORMATS) if e is not None]
     return max(found, key=lambda e: e.row_count, default=None)
 

@@ -12,19 +12,8 @@ Usage::
 Why: sglang's draft ``load_weights`` skip names they do not know (a log line at best, nothing
 at worst) and never check that every parameter was written, so a checkpoint missing one
 projection, one expert or ``mtp.fc``, or naming one the class does not expect, starts a
-server whose draft holds uninitialised memory. Every write of every hooked class goes through
-the parameter's ``weight_loader`` attribute, or ``getattr(param, "weight_loader",
-default_weight_loader)`` (sglang 0.5.23, read per class), so wrapping that attribute for the
-length of the load records each write without changing it: the wrapper calls the original
-loader with the same arguments and returns its result.
-
-What a part is:
-- a stacked linear (``qkv_proj``: shards ``q``/``k``/``v``; ``gate_up_proj``: 0/1; any
-  ``MergedColumnParallelLinear``: one per output size); a call without a shard id writes all;
-- a FusedMoE parameter: one per (local expert, shard) this rank keeps, asked of the layer's own
-  mapping (a call for an expert another rank keeps writes nothing: the loader returns early);
-- anything else: the whole parameter.
-DeepSeek's loader writes from a thread pool, so the record is locked.
+server whose draft holds uninitialised memory. How the writes are recorded and what a part
+is, on ``WriteRecorder``.
 """
 
 from __future__ import annotations
@@ -44,7 +33,23 @@ _ALL = ("all",)
 
 
 class WriteRecorder:
-    """Wraps every draft parameter's ``weight_loader`` for one load and records its writes."""
+    """Wraps every draft parameter's ``weight_loader`` for one load and records its writes.
+
+    Every write of every hooked class goes through the parameter's ``weight_loader`` attribute, or
+    ``getattr(param, "weight_loader", default_weight_loader)`` (sglang 0.5.23, read per class), so
+    wrapping that attribute for the length of the load records each write without changing it: the
+    wrapper calls the original loader with the same arguments and returns its result.
+
+    What a part is:
+
+    - a stacked linear (``qkv_proj``: shards ``q``/``k``/``v``; ``gate_up_proj``: 0/1; any
+      ``MergedColumnParallelLinear``: one per output size); a call without a shard id writes all;
+    - a FusedMoE parameter: one per (local expert, shard) this rank keeps, asked of the layer's own
+      mapping (a call for an expert another rank keeps writes nothing: the loader returns early);
+    - anything else: the whole parameter.
+
+    DeepSeek's loader writes from a thread pool, so the record is locked.
+    """
 
     def __init__(self, model: torch.nn.Module, from_target: Iterable[str] = ()) -> None:
         from_target = tuple(from_target)

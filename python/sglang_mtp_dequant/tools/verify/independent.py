@@ -6,26 +6,9 @@ Usage::
     # fp32 (out, in), or None for a layout this module has no rule for
 
 It shares no arithmetic with ``schemes/``: whatever the plugin computes is compared against
-these straightforward whole-tensor fp32 formulas, written from ModelSlim's format (msmodelslim
-26.1.0's savers) and the FP8 checkpoints' convention:
-
-- W8A8_DYNAMIC / W8A16 / V0 static with ``weight_scale``: ``(q - offset) * scale``
-- static W8A8 V1: ``q * deq_scale / input_scale`` (an int64 ``deq_scale`` holds f32 bits)
-- W4A8_DYNAMIC: int4 pairs along ``out`` (``byte = (even & 0xF) | (odd << 4)``), ``q * scale``,
-  two-stage ``(q * weight_scale_second) * weight_scale``
-- W4A16: pairs along ``in`` per channel (version 1.0.0), along ``out`` per group,
-  ``(q - offset) * scale``
-- float8 with ``weight_scale_inv`` (one per 128 x 128 block, power-of-two blocks) or
-  ``weight_scale`` (per tensor or channel): ``q * scale``
-- compressed-tensors (from its format, not its code): int-quantized ``q * weight_scale``
-  (``- weight_zero_point``); pack-quantized 4 bit: eight codes per int32 along ``in``, lowest
-  bits first, stored as ``q + 8``, ``q * weight_scale`` per group; nvfp4-pack-quantized: two
-  e2m1 codes a byte (low nibble first), ``e2m1 * weight_scale / weight_global_scale`` per 16
-- ModelOpt NVFP4: the same bytes, ``e2m1 * (weight_scale * weight_scale_2)`` per 16 inputs
-- MX (a uint8 E8M0 ``weight_scale``, one per 32 inputs): float8_e4m3fn codes, or uint8 bytes of
-  two e2m1 codes (even column low nibble), times ``2 ** (byte - 127)``, times
-  ``weight_dual_scale`` per power-of-two block for W4A4_MXFP4_DUALSCALE; computed in float64
-  (exact), rounded to f32 once
+straightforward whole-tensor fp32 formulas, written from ModelSlim's format (msmodelslim
+26.1.0's savers), the FP8 checkpoints' convention and the foreign formats' own descriptions;
+the formulas, on ``independent_dequantize``.
 """
 
 from __future__ import annotations
@@ -74,7 +57,26 @@ def independent_dequantize(
     tensors: Mapping[str, torch.Tensor], name: str, described: str | None, version: str | None
 ) -> torch.Tensor | None:
     """fp32 weight of checkpoint tensor ``name`` from its raw companions in ``tensors``, or
-    None where this module has no rule (3-D fused-expert tensors, unknown layouts)."""
+    None where this module has no rule (3-D fused-expert tensors, unknown layouts).
+
+    The formulas (msmodelslim 26.1.0's savers, the FP8 checkpoints' convention):
+
+    - W8A8_DYNAMIC / W8A16 / V0 static with ``weight_scale``: ``(q - offset) * scale``;
+      static W8A8 V1: ``q * deq_scale / input_scale`` (an int64 ``deq_scale`` holds f32 bits)
+    - W4A8_DYNAMIC: int4 pairs along ``out`` (``byte = (even & 0xF) | (odd << 4)``),
+      ``q * scale``, two-stage ``(q * weight_scale_second) * weight_scale``; W4A16: pairs along
+      ``in`` per channel (version 1.0.0), along ``out`` per group, ``(q - offset) * scale``
+    - float8 with ``weight_scale_inv`` (one per 128 x 128 block, power-of-two blocks) or
+      ``weight_scale`` (per tensor or channel): ``q * scale``
+    - compressed-tensors (from its format, not its code): int-quantized ``q * weight_scale``
+      (less ``weight_zero_point``); pack-quantized 4 bit: eight codes per int32 along ``in``,
+      lowest bits first, stored as ``q + 8``, ``q * weight_scale`` per group; nvfp4: two e2m1
+      a byte (low nibble first), ``e2m1 * weight_scale / weight_global_scale`` per 16 inputs;
+      ModelOpt NVFP4: the same bytes, ``e2m1 * (weight_scale * weight_scale_2)``
+    - MX (uint8 E8M0 ``weight_scale`` per 32 inputs): float8_e4m3fn codes or e2m1 pairs (even
+      column low nibble) times ``2 ** (byte - 127)``, times ``weight_dual_scale`` per block for
+      W4A4_MXFP4_DUALSCALE; in float64 (exact), rounded to f32 once
+    """
     q = tensors[name]
     if q.dim() != 2:
         return None

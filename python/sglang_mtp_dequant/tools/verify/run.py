@@ -5,26 +5,11 @@ Usage::
     report = run_verify("/ckpt")                      # or a cached hub id, download_dir=...
     report = run_verify("acme/q35-w8a8", download_dir="/data/hub", reference="mtp.safetensors")
 
-What it does, in one process, the way an sglang scheduler does it: resolve the checkpoint with
-sglang's own loader (offline), publish the server context, ``load_plugins()`` (which finds this
-package through its entry point), build the draft class sglang's ``ModelConfig`` picks for the
-checkpoint's architecture (``is_draft_model=True``), then load it through sglang's
-``DefaultModelLoader`` stream (only the file holding the draft's tensors when there is one such
-file, with sglang's own ``allow_patterns_overrides``; else every file):
-
-- **stock**: the class's ``load_weights`` with the hook bypassed (``plugin.bypassed``);
-- **reference**: the same stock method, fed the checkpoint with every weight the plugin would
-  decode replaced by an *independent* dequantization (``independent.py``: whole-tensor fp32
-  formulas, rounded once to the draft dtype), so sglang's own stacking and sharding place it;
-- **plugin**: ``load_weights`` as hooked by ``load_plugins()``;
-- with ``reference=``: the stock method fed the original float weights, for the error against
-  them.
-
-Every draft parameter the plugin load wrote must equal the reference load bit for bit.
-
-Memory: the draft in its dtype, estimated on the ``meta`` device before anything is
-allocated, plus one copy of the draft's own parameters per extra load (the embedding and
-lm_head, which it takes from the target, are not compared).
+The stock load (the hook bypassed), the reference load (stock, fed an *independent*
+dequantization of every weight the plugin would decode, ``independent.py``) and the plugin
+load run in one process, the way an sglang scheduler runs them; every draft parameter the
+plugin load wrote must equal the reference load bit for bit. The steps and the memory it
+takes, on ``run_verify``.
 """
 
 from __future__ import annotations
@@ -195,11 +180,27 @@ def run_verify(
     say: Callable[[str], None] = lambda _line: None,
     launch: Launch | None = None,
 ) -> VerifyReport:
-    """Resolve, build, load three (or four) ways, compare. See the module docstring.
+    """Resolve, build, load three (or four) ways, compare.
 
-    ``launch``: the user's sglang launch flags (``tools/launch.py``: their quantization flags
-    published, their platform stood in while the draft is built); None: as on NPU with the
-    draft quantization unset."""
+    ``launch``: the user's sglang launch flags (``tools/launch.py``); None: as on NPU with the
+    draft quantization unset. In one process, as an sglang scheduler: resolve the checkpoint
+    with sglang's own loader (offline), publish the server context, ``load_plugins()``, build
+    the draft class sglang's ``ModelConfig`` picks (``is_draft_model=True``), then load it
+    through sglang's ``DefaultModelLoader`` stream (only the file holding the draft's tensors
+    when there is one, with sglang's ``allow_patterns_overrides``; else every file):
+
+    - **stock**: the class's ``load_weights`` with the hook bypassed (``plugin.bypassed``);
+    - **reference**: the same stock method, fed the checkpoint with every weight the plugin would
+      decode replaced by an *independent* dequantization (``independent.py``: whole-tensor fp32
+      formulas, rounded once to the draft dtype), so sglang's own stacking and sharding place it;
+    - **plugin**: ``load_weights`` as hooked by ``load_plugins()``;
+    - with ``reference=``: the stock method fed the original float weights, for the error against
+      them.
+
+    Memory: the draft in its dtype, estimated on the ``meta`` device before anything is allocated,
+    plus one copy of the draft's own parameters per extra load (the embedding and lm_head, which it
+    takes from the target, are not compared).
+    """
     from ..cpu_sglang import build_draft, draft_model_config, prepare_cpu_process, sglang_weights
     from ..launch import DEFAULT_ANSWER, default_launch
 
