@@ -139,7 +139,7 @@ def tensor_format(
             return TensorFormat("ModelOpt NVFP4", names)
         if own in (torch.float8_e4m3fn, torch.float8_e5m2):
             return TensorFormat("ModelOpt FP8", names)
-        return TensorFormat(f"ModelOpt ({declared.label if declared else 'unknown'})", names)
+        return TensorFormat(declared.label if declared else "ModelOpt (unknown)", names)
     if packed and "weight_global_scale" in parts:
         return TensorFormat("compressed-tensors nvfp4-pack-quantized", names)
     if packed:
@@ -151,7 +151,6 @@ def tensor_format(
             return TensorFormat("compressed-tensors int-quantized", names)
         if own in (torch.float8_e4m3fn, torch.float8_e5m2):
             return TensorFormat("compressed-tensors float-quantized", names)
-        return TensorFormat(f"compressed-tensors ({declared.label})", names)
     return TensorFormat(declared.label, names)
 
 

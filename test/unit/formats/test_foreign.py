@@ -125,7 +125,7 @@ def test_compressed_tensors_nvfp4_by_its_global_scale():
         (torch.int8, "compressed-tensors int-quantized"),
         (F8, "compressed-tensors float-quantized"),
         (torch.float8_e5m2, "compressed-tensors float-quantized"),
-        (torch.bfloat16, "compressed-tensors (compressed-tensors (pack-quantized))"),
+        (torch.bfloat16, "compressed-tensors (pack-quantized)"),
     ],
 )
 def test_compressed_tensors_unpacked_by_the_weights_dtype(weight, name):
@@ -158,7 +158,7 @@ def test_modelopt_fp8_declared_in_config_has_only_modelslim_named_parts():
     assert not has_foreign_parts(fmt, f"{X}.weight")
     declared = DeclaredFormat("modelopt_fp4", ("NVFP4",))
     odd = tensor_format(f"{X}.weight", layer(weight=torch.bfloat16), declared)
-    assert odd is not None and odd.name == "ModelOpt (modelopt_fp4 (NVFP4))"
+    assert odd is not None and odd.name == "modelopt_fp4 (NVFP4)"
 
 
 def test_foreign_parts_with_no_config_or_an_unlisted_method():
