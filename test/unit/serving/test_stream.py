@@ -12,7 +12,7 @@ from sglang_mtp_dequant.errors import DraftWeightError
 from sglang_mtp_dequant.formats.plan import DequantPlan
 from sglang_mtp_dequant.serving.stream import DequantizingStream
 from support.checkpoints import write_modelslim_checkpoint
-from support.reference import quantize_w8a8_dynamic
+from support.reference import quantize_w8a8_dynamic, same_bits
 from unit.helpers import W, open_folder
 
 V = "mtp.layers.0.mlp.down_proj"
@@ -53,10 +53,6 @@ def stream_of(folder: str, **options) -> DequantizingStream:
     return DequantizingStream(
         lambda: plan, torch.bfloat16, lambda n: n.startswith("mtp."), **options
     )
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
 def test_planned_weights_are_decoded_bit_for_bit_and_companions_dropped(tmp_path):
