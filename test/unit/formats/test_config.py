@@ -123,25 +123,21 @@ def test_parse_json_reads_what_orjson_refuses():
         parse_json(b"{")
 
 
-def test_a_description_that_is_no_json_object_is_refused_naming_it(tmp_path):
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ('["W8A8_DYNAMIC"]', "holds a JSON list, not an object of tensor types"),
+        ('{"mtp.norm.weight": "FLOAT",', "is not readable as a ModelSlim quant_model_description"),
+    ],
+    ids=["a-json-list", "broken-json"],
+)
+def test_a_description_that_is_no_json_object_is_refused_naming_it(tmp_path, text, problem):
+    """A list, or JSON that does not parse: the error names the file and what is wrong."""
     w8a8_checkpoint(str(tmp_path))
     path = os.path.join(str(tmp_path), "quant_model_description.json")
     with open(path, "w") as handle:
-        handle.write('["W8A8_DYNAMIC"]')
+        handle.write(text)
     with pytest.raises(CheckpointFormatError) as caught:
         open_folder(str(tmp_path))
     assert caught.value.file == path
-    assert caught.value.problem == "holds a JSON list, not an object of tensor types"
-
-
-def test_a_description_with_broken_json_is_refused_naming_it(tmp_path):
-    w8a8_checkpoint(str(tmp_path))
-    path = os.path.join(str(tmp_path), "quant_model_description.json")
-    with open(path, "w") as handle:
-        handle.write('{"mtp.norm.weight": "FLOAT",')
-    with pytest.raises(CheckpointFormatError) as caught:
-        open_folder(str(tmp_path))
-    assert caught.value.file == path
-    assert caught.value.problem.startswith(
-        "is not readable as a ModelSlim quant_model_description ("
-    )
+    assert caught.value.problem.startswith(problem)
