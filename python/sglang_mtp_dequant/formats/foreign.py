@@ -107,17 +107,8 @@ def tensor_format(
     name -> dtype of every recorded tensor) and what config.json declares. None when nothing
     foreign is there: a ModelSlim export, or a float weight.
 
-    How the tensors are laid out (from the formats' own writers, compressed-tensors 0.18.0 and
-    ModelOpt 0.47.0):
-
-    - compressed-tensors ``pack-quantized``: int32 ``weight_packed``, ``weight_scale``, int64
-      ``weight_shape`` (+ ``weight_zero_point`` when asymmetric);
-    - ``int-quantized``: int8 ``weight`` + ``weight_scale`` (+ ``weight_zero_point``);
-    - ``float-quantized``: float8 ``weight`` + ``weight_scale``;
-    - ``nvfp4-pack-quantized``: uint8 ``weight_packed``, float8 ``weight_scale``, f32
-      ``weight_global_scale`` (+ ``input_global_scale``);
-    - ModelOpt NVFP4: uint8 ``weight``, float8 ``weight_scale``, f32 ``weight_scale_2``,
-      ``input_scale``; ModelOpt FP8: float8 ``weight`` + f32 ``weight_scale`` (+ ``input_scale``).
+    Each format's tensors (from its own writer, compressed-tensors 0.18.0 and ModelOpt 0.47.0):
+    docs/layouts.md, "Other quantizers' formats, per platform"; each branch below names one.
     """
     base = weight.rpartition(".")[0]
     parts = {
