@@ -81,6 +81,25 @@ def test_every_relative_link_resolves(doc):
     assert not dead, dead
 
 
+#: a measured figure: a number with a unit of time, speed, size or ratio, or an accept length
+FIGURE = re.compile(
+    r"(?<![\w.-])[0-9][0-9,]*(?:\.[0-9]+)?\s?(?:s|ms|us|µs|min|tok/s|%|x|GB|GiB|MB|MiB)\b"
+    r"|accept length [~≈]?[0-9]"
+)
+
+
+def test_the_readme_copies_no_figure_of_the_results():
+    """Figures live in docs/results.md beside their command; README links there instead of
+    copying one (a copy goes stale when the results are measured again)."""
+    copied = [
+        f"README.md: {line.strip()}"
+        for line in _prose_lines(os.path.join(ROOT, "README.md"))
+        if FIGURE.search(line)
+    ]
+    assert not copied, copied
+    assert "docs/results.md#" in open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+
+
 def test_the_anchor_rule_matches_githubs():
     """Two headings whose anchors GitHub shows for this repository's pages."""
     results = os.path.join(ROOT, "docs", "results.md")
