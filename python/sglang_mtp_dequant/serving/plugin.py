@@ -176,7 +176,7 @@ def make_load_weights_hook(spec: DraftSpec) -> LoadWeightsHook:
     Inside ``plugin.bypassed()`` it calls ``original`` untouched. Otherwise the load is narrowed
     to the draft's files and: a draft built quantized gets sglang's own load with its plain
     ``nn.Linear`` parts decoded (``quantized_load.py``); an sglang that dequantizes drafts itself
-    (``sglang_dequantizes_drafts``) is left to; any other draft loads through the dequantizing
+    (``sglang_dequantizes_drafts``) does it alone; any other draft loads through the dequantizing
     stream and the guard. The result is ``original``'s.
     """
 
