@@ -3,6 +3,7 @@
 Usage::
 
     write_modelslim_checkpoint(folder, tensors, description, group_size=32)
+    write_index(folder, {"mtp.fc.weight": "quant_model_weights-00002-of-00002.safetensors"}, None)
     path = edit_tensors(folder, dropping("mtp.fc.weight_scale"))              # in place
     edit_description(folder, lambda desc: desc.update({"mtp.fc.weight": "W8A16"}))
     ckpt = open_checkpoint(folder)        # the plan's view: the files sglang resolves, headers
@@ -56,10 +57,7 @@ def write_modelslim_checkpoint(
     save_file(content, os.path.join(folder, shard), metadata=METADATA)
     if index:
         total = sum(t.numel() * t.element_size() for t in content.values())
-        weight_map = dict.fromkeys(content, shard)
-        with open(os.path.join(folder, INDEX), "w") as handle:
-            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, handle,
-                      indent=2)  # fmt: skip
+        write_index(folder, dict.fromkeys(content, shard), total)
     desc = dict(description)
     for key, value in (
         ("model_quant_type", model_quant_type),
@@ -103,6 +101,18 @@ def edit_tensors(
         raise TypeError(f"the edit returned {type(edited).__name__}: return None or the dict")
     os.chmod(path, 0o644)
     save_file(tensors if edited is None else edited, path, metadata=metadata)
+    return path
+
+
+def write_index(
+    folder: str, weight_map: dict[str, str], total_size: int | None, name: str = INDEX
+) -> str:
+    """A safetensors index as msmodelslim and Hugging Face write it: ``weight_map`` (tensor ->
+    shard file) and ``metadata.total_size`` (None: an empty ``metadata``)."""
+    metadata = {} if total_size is None else {"total_size": total_size}
+    path = os.path.join(folder, name)
+    with open(path, "w") as handle:
+        json.dump({"metadata": metadata, "weight_map": weight_map}, handle, indent=2)
     return path
 
 

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from support.checkpoints import DESCRIPTION, write_index
+
 DTYPE_BYTES = {"I8": 1, "I32": 4, "BF16": 2, "F32": 4, "I64": 8}
 _NUMPY = {"I8": np.int8, "I32": np.int32, "F32": np.float32, "I64": np.int64}
 
@@ -236,9 +238,8 @@ def write_checkpoint(folder: str, layout: Layout, *, sparse: bool, index: bool =
         apparent += _write_file(os.path.join(folder, file), sorted(tensors), sparse, rng)
     if index:
         weight_map = {name: file for file, entries in by_file.items() for name, _, _ in entries}
-        with open(os.path.join(folder, "quant_model_weights.safetensors.index.json"), "w") as h:
-            json.dump({"metadata": {}, "weight_map": weight_map}, h)
-    with open(os.path.join(folder, "quant_model_description.json"), "w") as handle:
+        write_index(folder, weight_map, None)
+    with open(os.path.join(folder, DESCRIPTION), "w") as handle:
         json.dump(layout.description, handle)
     with open(os.path.join(folder, "config.json"), "w") as handle:
         json.dump(layout.config, handle)

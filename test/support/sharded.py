@@ -28,10 +28,10 @@ from collections.abc import Callable
 import torch
 from safetensors.torch import save_file
 
+from support.checkpoints import DESCRIPTION, write_index
 from support.reference import description, load_all
 
 V1_STEM = "quant_model_weights"
-DESCRIPTION = "quant_model_description.json"
 #: a Qwen3.5 target's routed experts (no "mtp" in the name: the draft's loader drops them)
 QWEN35_EXPERTS = "model.language_model.layers.0.mlp.experts"
 _PARTS = [
@@ -100,9 +100,7 @@ def write_sharded(
         path = os.path.join(dest, shard)
         save_file(content, path, metadata={"format": "pt"})
         paths.append(path)
-    index = {"metadata": {"total_size": size}, "weight_map": weight_map}
-    with open(os.path.join(dest, f"{stem}.safetensors.index.json"), "w") as handle:
-        json.dump(index, handle, indent=2)
+    write_index(dest, weight_map, size, f"{stem}.safetensors.index.json")
     with open(os.path.join(dest, DESCRIPTION), "w") as handle:
         json.dump(desc, handle, indent=1)
     return paths
