@@ -16,6 +16,8 @@ import subprocess
 
 import pytest
 
+from support.paths import PACKAGE, package_files
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: ``[text](target)``, the target without spaces; images alike
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -111,7 +113,6 @@ def test_the_anchor_rule_matches_githubs():
 CODE_SPAN = re.compile(r"``?([^`\s]+?)``?")
 #: paths inside sglang's own tree, as the feature branch and the notes name them
 SGLANG_TREE = ("python/sglang/", "test/registered/")
-PACKAGE = os.path.join(ROOT, "python", "sglang_mtp_dequant")
 
 
 def tracked_files() -> list[str]:
@@ -193,21 +194,12 @@ def test_every_repository_path_in_a_code_span_exists():
     assert not stale, stale
 
 
-def package_modules() -> list[str]:
-    return sorted(
-        os.path.join(parent, f)
-        for parent, _, files in os.walk(PACKAGE)
-        for f in files
-        if f.endswith(".py")
-    )
-
-
 #: a module docstring says purpose and usage; the detail sits on the class or function it is
 #: about, the format tables in docs/layouts.md (about 20 lines, as sglang's hook_registry.py)
 MODULE_DOCSTRING_LINES = 22
 
 
-@pytest.mark.parametrize("module", package_modules(), ids=lambda p: os.path.relpath(p, ROOT))
+@pytest.mark.parametrize("module", package_files(), ids=lambda p: os.path.relpath(p, ROOT))
 def test_module_docstrings_are_short(module):
     with open(module, encoding="utf-8") as f:
         doc = ast.get_docstring(ast.parse(f.read()), clean=False)
@@ -221,7 +213,7 @@ HISTORY = re.compile(r"\b(used to|no longer|was moved|previously)\b", re.IGNOREC
 
 def test_package_docstrings_tell_no_history():
     told = []
-    for module in package_modules():
+    for module in package_files():
         with open(module, encoding="utf-8") as f:
             tree = ast.parse(f.read())
         for node in ast.walk(tree):

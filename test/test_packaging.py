@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from support.paths import PACKAGE, package_files
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -72,7 +74,6 @@ def test_the_lock_pins_every_chosen_requirement():
 
 # -- layering: the package's own import graph ---------------------------------------------------
 
-PACKAGE = os.path.join(ROOT, "python", "sglang_mtp_dequant")
 #: what sglang's NPU install already ships (python/pyproject_npu.toml): the only third-party
 #: modules the plugin itself may import, besides sglang and the standard library
 ALLOWED_THIRD_PARTY = {
@@ -87,23 +88,19 @@ def _module_imports() -> dict[str, set[str]]:
     import ast
 
     graph: dict[str, set[str]] = {}
-    for folder, _, files in os.walk(PACKAGE):
-        for file in files:
-            if not file.endswith(".py"):
-                continue
-            path = os.path.join(folder, file)
-            rel = os.path.relpath(path, PACKAGE)[: -len(".py")].replace(os.sep, ".")
-            module = rel[: -len(".__init__")] if rel.endswith("__init__") else rel
-            package = module if rel.endswith("__init__") else module.rpartition(".")[0]
-            found: set[str] = set()
-            for node in ast.walk(ast.parse(open(path).read())):
-                if isinstance(node, ast.ImportFrom) and node.level:
-                    base = package.split(".") if package else []
-                    base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
-                    target = ".".join([*base, *(node.module.split(".") if node.module else [])])
-                    found.add(target)
-                    found.update(f"{target}.{a.name}".strip(".") for a in node.names)
-            graph[module] = found
+    for path in package_files():
+        rel = os.path.relpath(path, PACKAGE)[: -len(".py")].replace(os.sep, ".")
+        module = rel[: -len(".__init__")] if rel.endswith("__init__") else rel
+        package = module if rel.endswith("__init__") else module.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package.split(".") if package else []
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+                found.add(target)
+                found.update(f"{target}.{a.name}".strip(".") for a in node.names)
+        graph[module] = found
     return {m: {t for t in targets if t in graph and t != m} for m, targets in graph.items()}
 
 
@@ -210,24 +207,30 @@ def test_the_plugin_does_not_reach_the_cli():
     assert not {m for m in reached if _tier(m) == "tools"}, sorted(reached)
 
 
-def _imported_names(path: str) -> set[str]:
+def _absolute_imports(path: str) -> list[tuple[str, str]]:
+    """``(module, name)`` of each absolute import in ``path``: ``name`` is what ``from module
+    import name`` takes, "" for ``import module``."""
     import ast
 
-    names = set()
-    for node in ast.walk(ast.parse(open(path).read())):
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
         if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            names.add(node.module or "")
-    return names
+            found += [(a.name, "") for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found += [(node.module, a.name) for a in node.names]
+    return found
+
+
+def _imported_names(path: str) -> set[str]:
+    """The modules ``path`` imports absolutely."""
+    return {module for module, _ in _absolute_imports(path)}
 
 
 def test_formats_import_no_sglang():
     """The checkpoint/format core stands alone (the feature branch takes its arithmetic)."""
-    for folder, _, files in os.walk(os.path.join(PACKAGE, "formats")):
-        for file in (f for f in files if f.endswith(".py")):
-            names = _imported_names(os.path.join(folder, file))
-            assert not [n for n in names if n.split(".")[0] == "sglang"], (file, names)
+    for path in package_files("formats"):
+        names = _imported_names(path)
+        assert not [n for n in names if n.split(".")[0] == "sglang"], (path, names)
 
 
 def test_formats_spell_no_sglang_parameter_name():
@@ -244,10 +247,9 @@ def test_formats_spell_no_sglang_parameter_name():
     sglang_only = (set(p.EXPERT_PARTS) | set(p.DEFAULT_PACKED)) - checkpoint
     assert {"w13_weight", "qkv_proj", "fused_qkv_a_proj_with_mqa"} <= sglang_only, sglang_only
     word = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(sorted(sglang_only)) + r")(?![A-Za-z0-9_])")
-    for folder, _, files in os.walk(os.path.join(PACKAGE, "formats")):
-        for file in (f for f in files if f.endswith(".py")):
-            text = open(os.path.join(folder, file), encoding="utf-8").read()
-            assert not word.findall(text), f"formats/{file} spells {set(word.findall(text))}"
+    for path in package_files("formats"):
+        text = open(path, encoding="utf-8").read()
+        assert not word.findall(text), f"{path} spells {set(word.findall(text))}"
 
 
 #: the folders the ledger test reads: the package, its tests, benchmarks, the e2e harness and
@@ -378,23 +380,14 @@ def _private_spellings(tree, spelled, word) -> list[str]:
 def _sglang_imports() -> dict[tuple[str, str], set[str]]:
     """(sglang module, name imported from it, "" for the module itself) -> the package modules
     (paths under the package) importing it, outside the ledger; from the source."""
-    import ast
-
     found: dict[tuple[str, str], set[str]] = {}
-    for folder, _, files in os.walk(PACKAGE):
-        for file in (f for f in files if f.endswith(".py")):
-            path = os.path.join(folder, file)
-            module = os.path.relpath(path, PACKAGE).replace(os.sep, "/")
-            if module == "serving/sglang_private.py":
-                continue
-            for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
-                keys = []
-                if isinstance(node, ast.Import):
-                    keys = [(a.name, "") for a in node.names]
-                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-                    keys = [(node.module, a.name) for a in node.names]
-                for key in (k for k in keys if k[0].split(".")[0] == "sglang"):
-                    found.setdefault(key, set()).add(module)
+    for path in package_files():
+        module = os.path.relpath(path, PACKAGE).replace(os.sep, "/")
+        if module == "serving/sglang_private.py":
+            continue
+        for key in _absolute_imports(path):
+            if key[0].split(".")[0] == "sglang":
+                found.setdefault(key, set()).add(module)
     return found
 
 
@@ -425,21 +418,12 @@ def test_the_public_sglang_imports_are_listed_beside_the_ledger():
 
 
 def test_third_party_imports_are_in_sglangs_npu_install():
-    import ast
     import sys as _sys
 
     stdlib = set(_sys.stdlib_module_names)
-    for folder, _, files in os.walk(PACKAGE):
-        for file in (f for f in files if f.endswith(".py")):
-            tree = ast.parse(open(os.path.join(folder, file)).read())
-            for node in ast.walk(tree):
-                names = []
-                if isinstance(node, ast.Import):
-                    names = [a.name for a in node.names]
-                elif isinstance(node, ast.ImportFrom) and not node.level:
-                    names = [node.module or ""]
-                for name in names:
-                    top = name.split(".")[0]
-                    assert top in stdlib or top in ALLOWED_THIRD_PARTY or top == "sglang", (
-                        f"{file} imports {name}"
-                    )
+    for path in package_files():
+        for name in _imported_names(path):
+            top = name.split(".")[0]
+            assert top in stdlib or top in ALLOWED_THIRD_PARTY or top == "sglang", (
+                f"{os.path.relpath(path, PACKAGE)} imports {name}"
+            )
