@@ -77,6 +77,7 @@ import support_on_path  # noqa: E402, F401  (test/ on sys.path, for support.*)
 from machine import describe  # noqa: E402
 from moe_draft import MoeShape, write_checkpoint  # noqa: E402
 
+from support.paths import TEST  # noqa: E402
 from support.shapes import QWEN35_27B_MTP  # noqa: E402
 
 MIB = 1024 * 1024
@@ -233,9 +234,8 @@ def _rank_processes(folder: str, out_dir: str, world: int, ep: int, tag: str) ->
 
     port = free_port()
     # the worker imports support.* as the tests do: test/ on the child's PYTHONPATH
-    test_dir = os.path.join(os.path.dirname(HERE), "test")
     inherited = os.environ.get("PYTHONPATH")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [test_dir, inherited]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [TEST, inherited]))}
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "support.rank_worker", "--folder", folder, "--rank", str(r)]

@@ -31,9 +31,6 @@ from machine import describe
 from support.real_layouts import Layout, write_checkpoint
 from support.shapes import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, KV_HEADS, VOCAB
 
-H, INTER = HIDDEN, INTERMEDIATE
-
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE_CONFIG = os.path.join(ROOT, "test/fixtures/modelslim/q35_dense_w8a8_dynamic/config.json")
 
@@ -73,37 +70,37 @@ def linear(prefix: str, out: int, inp: int, quantized: bool) -> list[tuple[str, 
 def decoder_layer(prefix: str, full_attention: bool) -> list:
     out = []
     if full_attention:
-        out += linear(f"{prefix}.self_attn.q_proj", HEADS * HEAD_DIM * 2, H, True)
-        out += linear(f"{prefix}.self_attn.k_proj", KV_HEADS * HEAD_DIM, H, True)
-        out += linear(f"{prefix}.self_attn.v_proj", KV_HEADS * HEAD_DIM, H, True)
-        out += linear(f"{prefix}.self_attn.o_proj", H, HEADS * HEAD_DIM, True)
+        out += linear(f"{prefix}.self_attn.q_proj", HEADS * HEAD_DIM * 2, HIDDEN, True)
+        out += linear(f"{prefix}.self_attn.k_proj", KV_HEADS * HEAD_DIM, HIDDEN, True)
+        out += linear(f"{prefix}.self_attn.v_proj", KV_HEADS * HEAD_DIM, HIDDEN, True)
+        out += linear(f"{prefix}.self_attn.o_proj", HIDDEN, HEADS * HEAD_DIM, True)
         out += [(f"{prefix}.self_attn.q_norm.weight", "BF16", (HEAD_DIM,))]
         out += [(f"{prefix}.self_attn.k_norm.weight", "BF16", (HEAD_DIM,))]
     else:
         la = f"{prefix}.linear_attn"
-        out += linear(f"{la}.in_proj_qkv", 10240, H, True)
-        out += linear(f"{la}.in_proj_z", 6144, H, True)
-        out += linear(f"{la}.in_proj_b", 48, H, False)
-        out += linear(f"{la}.in_proj_a", 48, H, False)
-        out += linear(f"{la}.out_proj", H, 6144, True)
+        out += linear(f"{la}.in_proj_qkv", 10240, HIDDEN, True)
+        out += linear(f"{la}.in_proj_z", 6144, HIDDEN, True)
+        out += linear(f"{la}.in_proj_b", 48, HIDDEN, False)
+        out += linear(f"{la}.in_proj_a", 48, HIDDEN, False)
+        out += linear(f"{la}.out_proj", HIDDEN, 6144, True)
         out += [(f"{la}.conv1d.weight", "BF16", (10240, 1, 4)), (f"{la}.A_log", "F32", (48,))]
         out += [(f"{la}.dt_bias", "BF16", (48,)), (f"{la}.norm.weight", "F32", (128,))]
     for proj, shape in (
-        ("gate_proj", (INTER, H)),
-        ("up_proj", (INTER, H)),
-        ("down_proj", (H, INTER)),
+        ("gate_proj", (INTERMEDIATE, HIDDEN)),
+        ("up_proj", (INTERMEDIATE, HIDDEN)),
+        ("down_proj", (HIDDEN, INTERMEDIATE)),
     ):
         out += linear(f"{prefix}.mlp.{proj}", *shape, True)
-    out += [(f"{prefix}.input_layernorm.weight", "BF16", (H,))]
-    out += [(f"{prefix}.post_attention_layernorm.weight", "BF16", (H,))]
+    out += [(f"{prefix}.input_layernorm.weight", "BF16", (HIDDEN,))]
+    out += [(f"{prefix}.post_attention_layernorm.weight", "BF16", (HIDDEN,))]
     return out
 
 
 def layout() -> list[tuple[str, str, tuple]]:
-    tensors = [("model.language_model.embed_tokens.weight", "BF16", (VOCAB, H))]
+    tensors = [("model.language_model.embed_tokens.weight", "BF16", (VOCAB, HIDDEN))]
     for i in range(64):
         tensors += decoder_layer(f"model.language_model.layers.{i}", i % 4 == 3)
-    tensors += [("model.language_model.norm.weight", "BF16", (H,))]
+    tensors += [("model.language_model.norm.weight", "BF16", (HIDDEN,))]
     for i in range(27):
         b = f"model.visual.blocks.{i}"
         tensors += [
@@ -115,14 +112,14 @@ def layout() -> list[tuple[str, str, tuple]]:
             (f"{b}.mlp.linear_fc2.weight", "BF16", (1152, 4304)),
         ]
         tensors += [(f"{b}.norm1.weight", "BF16", (1152,)), (f"{b}.norm2.weight", "BF16", (1152,))]
-    tensors += [("lm_head.weight", "BF16", (VOCAB, H))]
-    tensors += [("mtp.fc.weight", "BF16", (H, 2 * H))]
+    tensors += [("lm_head.weight", "BF16", (VOCAB, HIDDEN))]
+    tensors += [("mtp.fc.weight", "BF16", (HIDDEN, 2 * HIDDEN))]
     tensors += [
-        ("mtp.pre_fc_norm_embedding.weight", "BF16", (H,)),
-        ("mtp.pre_fc_norm_hidden.weight", "BF16", (H,)),
+        ("mtp.pre_fc_norm_embedding.weight", "BF16", (HIDDEN,)),
+        ("mtp.pre_fc_norm_hidden.weight", "BF16", (HIDDEN,)),
     ]
     tensors += decoder_layer("mtp.layers.0", True)
-    tensors += [("mtp.norm.weight", "BF16", (H,))]
+    tensors += [("mtp.norm.weight", "BF16", (HIDDEN,))]
     return tensors
 
 
