@@ -18,15 +18,20 @@ package's ``site/`` folder first on ``PYTHONPATH`` (the CPU shims, ``site/sitecu
 The server runs in its own session (process group): stopping it signals the whole group,
 then waits until no process of the group is left, escalating from SIGTERM to SIGKILL. Should
 the harness itself be killed, the launcher gets SIGTERM from the kernel (``PR_SET_PDEATHSIG``).
+Each server gets a temporary folder of its own as ``TMPDIR`` (``TEMP_PREFIX``), removed once its
+group is gone: sglang names its ZMQ sockets with ``tempfile.NamedTemporaryFile(delete=False)``
+(``PortArgs.init_new``) and never removes them.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -35,6 +40,8 @@ from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SITE = os.path.join(HERE, "site")
+#: the prefix of each server's own TMPDIR (short: sglang's ZMQ socket paths live in it)
+TEMP_PREFIX = "sglang-e2e-"
 
 #: EAGLE with the draft's own MTP head: 3 steps, top-1, 4 draft tokens
 SPECULATIVE_FLAGS = (
@@ -202,6 +209,7 @@ class Server:
         self.log_path = os.path.join(log_dir, f"server-{run.label}.log")
         self.start_timeout = start_timeout
         self.process: subprocess.Popen | None = None
+        self.temp_dir: str | None = None
         self.started_seconds = 0.0
 
     def __enter__(self) -> Server:
@@ -209,17 +217,19 @@ class Server:
             raise ServerError(f"port {self.port} on 127.0.0.1 is in use: pick another --port")
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         started = time.perf_counter()
-        with open(self.log_path, "w", encoding="utf-8") as log:
-            self.process = subprocess.Popen(
-                self.run.command(self.port),
-                env={**self.run.environment(), RUN_MARK: self.log_path},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=_terminate_with_parent,
-            )
+        self.temp_dir = tempfile.mkdtemp(prefix=TEMP_PREFIX)
+        env = {**self.run.environment(), RUN_MARK: self.log_path, "TMPDIR": self.temp_dir}
         try:
+            with open(self.log_path, "w", encoding="utf-8") as log:
+                self.process = subprocess.Popen(
+                    self.run.command(self.port),
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    preexec_fn=_terminate_with_parent,
+                )
             self._wait_healthy()
         except BaseException:
             self.stop()
@@ -260,25 +270,35 @@ class Server:
         )
 
     def stop(self, grace: float = 30.0) -> None:
-        """Signal the server's whole process group; return once no process of it is left."""
+        """Signal the server's whole process group; return once no process of it is left,
+        its temporary folder removed."""
         process, self.process = self.process, None
-        if process is None:
-            return
-        group = process.pid  # start_new_session: the launcher leads its own group
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(group, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                process.poll()  # reap the launcher itself
-                if not group_alive(group):
-                    return
-                time.sleep(0.2)
-        process.poll()
-        if group_alive(group):
-            raise ServerError(f"processes of the {self.run.label} server (group {group}) survive")
+        try:
+            if process is not None:
+                _stop_group(process, self.run.label, grace)
+        finally:
+            if self.temp_dir is not None:
+                shutil.rmtree(self.temp_dir, ignore_errors=True)
+                self.temp_dir = None
+
+
+def _stop_group(process: subprocess.Popen, label: str, grace: float) -> None:
+    """SIGTERM, then SIGKILL, the group ``process`` leads, until no process of it is left."""
+    group = process.pid  # start_new_session: the launcher leads its own group
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            process.poll()  # reap the launcher itself
+            if not group_alive(group):
+                return
+            time.sleep(0.2)
+    process.poll()
+    if group_alive(group):
+        raise ServerError(f"processes of the {label} server (group {group}) survive")
 
 
 def _terminate_with_parent() -> None:

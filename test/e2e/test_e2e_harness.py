@@ -14,10 +14,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
-from e2e.server import RUN_MARK
+from e2e.server import RUN_MARK, TEMP_PREFIX
 
 from support.paths import E2E, ROOT
 
@@ -35,6 +36,11 @@ def run_harness(*args: str, timeout: float = 120.0) -> tuple[subprocess.Complete
         [sys.executable, *HARNESS, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
     )
     return out, time.perf_counter() - started
+
+
+def server_temp_dirs() -> set[str]:
+    """The servers' own temporary folders now in the temp dir (``e2e.server.TEMP_PREFIX``)."""
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(TEMP_PREFIX)}
 
 
 def server_processes(log_dir) -> list[str]:
@@ -267,6 +273,7 @@ def test_a_draft_the_plugin_refuses_stops_the_run_at_its_first_server(tmp_path):
     model = broken_draft(tmp_path / "w8a8_no_scale", missing)
     log_dir = tmp_path / "logs"
     timeout = 400
+    temp_dirs = server_temp_dirs()
     out, seconds = run_harness(
         "--model", model, "--log-dir", str(log_dir), "--start-timeout", str(timeout),
         timeout=timeout + 60,
@@ -277,3 +284,4 @@ def test_a_draft_the_plugin_refuses_stops_the_run_at_its_first_server(tmp_path):
     said = out.stdout.split("the plugin said:", 1)[1]
     assert f"has no {missing}" in said and "What to do" in said, said[:2000]
     assert not server_processes(log_dir)
+    assert server_temp_dirs() == temp_dirs  # the server's TMPDIR, sglang's sockets in it, gone
