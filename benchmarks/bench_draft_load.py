@@ -106,16 +106,16 @@ def check_plugin_load(model, reference: dict, files: int) -> str:
     """The plugin's load streamed one file and holds the unsharded fixture's parameters."""
     import torch
 
-    from sglang_mtp_dequant.serving.context import last_draft_load
+    from sglang_mtp_dequant.serving.load import last_draft_load
 
     load = last_draft_load()
-    assert load is not None and load.narrowing is not None
-    assert load.skipped_files == files - 1, load.narrowing.summary()
+    assert load is not None
+    assert load.skipped_files == files - 1, load.narrowing_summary()
     got = parameters(model)
     assert set(got) == set(reference)
     for name, want in reference.items():
         assert torch.equal(got[name].view(torch.uint8), want.view(torch.uint8)), name
-    return load.narrowing.summary() or ""
+    return load.narrowing_summary() or ""
 
 
 def measure(folder: str, files: int, reps: int, reference: dict) -> dict:

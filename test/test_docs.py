@@ -194,6 +194,34 @@ def test_every_repository_path_in_a_code_span_exists():
     assert not stale, stale
 
 
+def _module_table() -> set[str]:
+    """The modules docs/design.md's module table names, as paths under the package: a row's
+    first cell names them (``serving/plugin.py``), or names a folder (``serving/guard/``)
+    whose files its second cell names (``writes.py``)."""
+    with open(os.path.join(ROOT, "docs", "design.md"), encoding="utf-8") as f:
+        section = f.read().split("\n## Modules\n", 1)[1].split("\n## ", 1)[0]
+    named = set()
+    for row in section.splitlines():
+        cells = row.split("|")
+        if not row.startswith("| `") or len(cells) < 4:
+            continue
+        first = re.findall(r"`([^`]+)`", cells[1])
+        named |= {m for m in first if m.endswith(".py")}
+        for folder in (m for m in first if m.endswith("/")):
+            named |= {folder + m for m in re.findall(r"`([^`]+\.py)`", cells[2])}
+    return named
+
+
+def test_the_module_table_names_every_module_of_the_package():
+    """docs/design.md's module table is the map a new owner reads: a module added or removed
+    without its row fails here (``__init__.py`` of a package only where the row names it)."""
+    modules = {os.path.relpath(p, PACKAGE).replace(os.sep, "/") for p in package_files()}
+    named = _module_table()
+    assert named - modules == set(), "named in the table, not in the package"
+    unnamed = {m for m in modules - named if not m.endswith("__init__.py")}
+    assert unnamed == set(), "modules the table does not name"
+
+
 #: a module docstring says purpose and usage; the detail sits on the class or function it is
 #: about, the format tables in docs/layouts.md (about 20 lines, as sglang's hook_registry.py)
 MODULE_DOCSTRING_LINES = 22

@@ -389,9 +389,8 @@ def _recorded_stock_load(folder: str):
     writes as the hook does, and return the model and the record ``check_loaded_draft``
     takes (no plan: stock sglang plans nothing)."""
     from sglang_mtp_dequant.serving.drafts import spec_for_architecture
-    from sglang_mtp_dequant.serving.load_record import DraftLoad
+    from sglang_mtp_dequant.serving.load import DraftLoad
     from sglang_mtp_dequant.serving.sglang_private import unwrapped
-    from sglang_mtp_dequant.serving.stream import StreamStats
     from sglang_mtp_dequant.tools.cpu_sglang import sglang_weights
     from support.cpu_sglang import new_draft
 
@@ -400,7 +399,8 @@ def _recorded_stock_load(folder: str):
     with WriteRecorder(model, spec.from_target) as writes:
         stream = PassThrough(spec.draft_names(model), writes.on_streamed)
         unwrapped(type(model).load_weights)(model, stream.apply(sglang_weights(config, model)))
-    load = DraftLoad(Q35, folder, torch.bfloat16, None, stream.streamed, StreamStats(), writes, 0.0)
+    load = DraftLoad(spec, model)  # the hook's record of a load, here filled in by hand
+    load.folder, load.streamed, load.writes = folder, stream.streamed, writes
     return model, load
 
 

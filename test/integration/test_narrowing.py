@@ -128,10 +128,14 @@ def sharded(tmp_path, name: str, **kwargs) -> tuple[str, list[str]]:
     return folder, files
 
 
-def streamed_files() -> tuple[str, ...]:
-    from sglang_mtp_dequant.serving.context import weight_sources
+def streamed_files(stock_of: str | None = None) -> tuple[str, ...]:
+    """The files the newest plugin load streamed, as sglang's loader resolved them inside it;
+    with ``stock_of``, those stock sglang (the hook bypassed) resolved for that folder."""
+    from sglang_mtp_dequant.serving.context import resolution_of
+    from sglang_mtp_dequant.serving.load import last_draft_load
 
-    return weight_sources()[-1].files
+    source = resolution_of(stock_of) if stock_of else last_draft_load().resolutions[-1]
+    return source.files
 
 
 def plugin_lines(caplog) -> list[str]:
@@ -188,7 +192,7 @@ def test_a_draft_built_quantized_is_narrowed_and_loads_what_stock_loads(
     folder, files = sharded(tmp_path, DENSE)
     quantized = {"speculative_draft_model_quantization": "modelslim", "npu": True}
     stock = load(folder, DENSE, plugin=False, **quantized)
-    assert streamed_files() == tuple(files)
+    assert streamed_files(stock_of=folder) == tuple(files)
     caplog.clear()
     plugin = load(folder, DENSE, **quantized)
     assert streamed_files() == (files[0], files[2], files[3])

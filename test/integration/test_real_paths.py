@@ -119,6 +119,14 @@ def assert_loaded_like_reference(model, name: str) -> None:
         assert torch.equal(got, want.to(got.dtype)), f"{name}: {param}[{index}]"
 
 
+def streamed_source(which: int = -1):
+    """A resolution sglang's loader made inside the newest plugin load (the newest by
+    default): the folder and the files it streamed."""
+    from sglang_mtp_dequant.serving.load import last_draft_load
+
+    return last_draft_load().resolutions[which]
+
+
 def plugin_records(caplog, level: str | None = None) -> list[logging.LogRecord]:
     return [
         r
@@ -130,10 +138,8 @@ def plugin_records(caplog, level: str | None = None) -> list[logging.LogRecord]:
 def assert_planned_from(caplog, name: str, folder: str) -> None:
     """sglang streamed from ``folder``; the plugin's one INFO line names it (a float draft,
     with nothing to dequantize, gets no line at all); no WARNING from the plugin."""
-    from sglang_mtp_dequant.serving.context import weight_sources
-
     assert not plugin_records(caplog, "WARNING"), [r.getMessage() for r in caplog.records]
-    assert weight_sources()[-1].folder == folder  # what sglang resolved and streamed
+    assert streamed_source().folder == folder  # what sglang resolved and streamed
     info = [r.getMessage() for r in plugin_records(caplog, "INFO")]
     if name == "q35_dense_float_mtp":
         assert info == []  # nothing to dequantize: the plugin stays silent
@@ -428,7 +434,7 @@ def test_stray_file_not_in_model_safetensors_index(
     so the plan must not read it either."""
     from sglang_mtp_dequant.errors import CheckpointFormatError
     from sglang_mtp_dequant.formats.checkpoint import Checkpoint
-    from sglang_mtp_dequant.serving.context import WeightSource, weight_sources
+    from sglang_mtp_dequant.serving.context import WeightSource
 
     planned: list[WeightSource] = []  # what the plugin's plan opened during the load
     real_open = Checkpoint.open.__func__
@@ -451,7 +457,7 @@ def test_stray_file_not_in_model_safetensors_index(
     model = load_draft(folder)
     assert_loaded_like_reference(model, DENSE)
     assert_planned_from(caplog, DENSE, folder)
-    assert weight_sources()[-1].files == (shard,)  # what sglang streamed
+    assert streamed_source().files == (shard,)  # what sglang streamed
     assert [source.files for source in planned] == [(shard,)]  # what the plan read
     assert open_checkpoint(folder).files == [shard]  # the doctor's view: the same
 
@@ -465,7 +471,6 @@ def test_sharded_hub_snapshot_streams_only_the_drafts_shards(hub, sglang_cpu, tm
     ``DefaultModelLoader.load_model``: the load streams the snapshot's own symlinks of the
     draft's shards (the index names them, never the blobs they point to), and the draft holds
     the reference values bit for bit."""
-    from sglang_mtp_dequant.serving.context import weight_sources
     from sglang_mtp_dequant.tools.cpu_sglang import draft_model_config, publish_context
     from support.cpu_sglang import load_model
     from support.sharded import write_sharded
@@ -483,7 +488,7 @@ def test_sharded_hub_snapshot_streams_only_the_drafts_shards(hub, sglang_cpu, tm
     publish_context(repo)
     model = load_model(draft_model_config(repo))
     assert_loaded_like_reference(model, DENSE)
-    streamed = weight_sources()[-1]
+    streamed = streamed_source()
     assert streamed.folder == snapshot
     assert streamed.files == tuple(os.path.join(snapshot, os.path.basename(f)) for f in source[1:])
     assert all(os.path.islink(f) for f in streamed.files)
@@ -525,7 +530,6 @@ def test_modelscope_model_id_resolved_by_sglang(modelscope_home, tmp_path, monke
     ModelScope online for the config); the weights stream through sglang's own loader with
     the model id, so sglang's ModelScope resolution is the one exercised.
     """
-    from sglang_mtp_dequant.serving.context import weight_sources
     from support.cpu_sglang import new_draft, path_weights
 
     caplog.set_level(logging.INFO)
@@ -535,7 +539,7 @@ def test_modelscope_model_id_resolved_by_sglang(modelscope_home, tmp_path, monke
     _, model = new_draft(folder)
     monkeypatch.setenv("SGLANG_USE_MODELSCOPE", "1")
     type(model).load_weights(model, path_weights(model_id, download_dir=str(cache)))
-    source = weight_sources()[-1]
+    source = streamed_source()
     assert (source.requested, source.folder) == (model_id, folder)
     assert source.files == (os.path.join(folder, SHARD),)
     assert_loaded_like_reference(model, DENSE)
@@ -688,12 +692,10 @@ def test_fallback_when_sglang_reports_no_files(sglang_cpu, copy_checkpoint, capl
     in one WARNING; a float draft needs no plan and logs nothing."""
     from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
 
-    from sglang_mtp_dequant.serving.context import weight_sources
     from support.cpu_sglang import new_draft
 
     folder = copy_checkpoint(name)  # a path sglang has never resolved in this session
     _, model = new_draft(folder)
-    before = len(weight_sources())
     caplog.set_level(logging.INFO)
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     type(model).load_weights(model, safetensors_weights_iterator(files))
@@ -705,4 +707,4 @@ def test_fallback_when_sglang_reports_no_files(sglang_cpu, copy_checkpoint, capl
     assert len(warnings) == 1, warnings
     assert "sglang's DefaultModelLoader did not report the draft's weight files" in warnings[0]
     assert f"planning from {folder}, resolved by sglang " in warnings[0]
-    assert weight_sources()[before].folder == folder  # the fallback's own resolution
+    assert streamed_source(0).folder == folder  # the fallback's own resolution

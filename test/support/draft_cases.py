@@ -512,10 +512,10 @@ def draft_case(sglang_cpu, tmp_path, caplog):
 def audits(monkeypatch):
     """Every guard check the hook runs, with the write record it judged: proof that the
     completeness audit and the value guard ran on a load, and what they saw."""
-    from sglang_mtp_dequant.serving import plugin
+    from sglang_mtp_dequant.serving import load as draft_load
 
     seen: list[dict] = []
-    original = plugin.check_loaded_draft
+    original = draft_load.check_loaded_draft
 
     def spy(model, load):
         writes = load.writes
@@ -532,5 +532,5 @@ def audits(monkeypatch):
         record["findings"] = original(model, load)
         return record["findings"]
 
-    monkeypatch.setattr(plugin, "check_loaded_draft", spy)
+    monkeypatch.setattr(draft_load, "check_loaded_draft", spy)
     return seen

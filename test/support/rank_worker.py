@@ -16,7 +16,7 @@ Each writes, per layout, into its ``out_dir``:
 
 - ``rank<r>.process.json``: did plugins load before, is the hook registered and applied;
 - ``<tag>.rank<r>.json``: the ranks sglang computed, the plugin's log lines, the wall time of
-  the hooked ``load_weights``, the load's record (``context.last_draft_load().stats``), a
+  the hooked ``load_weights``, the load's record (``load.last_draft_load().stats``), a
   digest of every expert this rank's FusedMoE holds (by global expert id, from the layer's
   own mapping) and, with ``stock``, each parameter's absmax loaded without the hook;
 - ``<tag>.rank<r>.safetensors``: this rank's draft parameters (``save_params``);
@@ -152,7 +152,7 @@ def _load(job: RankJob, layout: Layout) -> dict:
     from sglang.srt.distributed import parallel_state
     from sglang.srt.runtime_context import get_parallel
 
-    from sglang_mtp_dequant.serving import context
+    from sglang_mtp_dequant.serving.load import last_draft_load
     from sglang_mtp_dequant.serving.plugin import bypassed
     from sglang_mtp_dequant.tools.cpu_sglang import build_draft, draft_model_config, sglang_weights
 
@@ -177,7 +177,7 @@ def _load(job: RankJob, layout: Layout) -> dict:
         started = time.perf_counter()
         draft.load_weights(sglang_weights(config, draft))  # through the hook
         load_seconds = time.perf_counter() - started
-        load = context.last_draft_load()
+        load = last_draft_load()
         assert load is not None, "the hook recorded no draft load"
         stock_absmax = None
         if job.stock:

@@ -1,36 +1,33 @@
-"""What this process knows: the sglang version, its hooks, where the draft's weights came from.
+"""What this process knows: the sglang version, its hooks, the files sglang resolved.
 
 Usage::
 
     context.sglang_version()                        # "0.5.23", or "unknown"
     context.mark_registered(target); context.registered_targets()
-    context.record_weight_source(WeightSource(...))  # by the loader hooks (sources.py)
-    context.weight_sources()                        # every resolution sglang made, oldest first
+    context.record_resolution(WeightSource(...))    # sglang resolved files outside a draft load
+    context.resolution_of("/ckpt")                  # the newest such resolution of a path
     context.draft_launch()                          # the draft's path, revision, --download-dir
 
-Why one module: the hooks (``plugin.py``), the Ray set-up (``ray_setup.py``) and the CLI all
-need these facts, and one copy of them keeps them agreeing. It imports only ``formats/`` at
-run time (the draft-load record only for type checking), so any ``serving/`` module can
-import it.
+Why one module: the hooks (``plugin.py``, ``load.py``), the Ray set-up (``ray_setup.py``) and
+the CLI all need these facts, and one copy of them keeps them agreeing. It imports only
+``formats/``, so any ``serving/`` module can import it. What sglang resolves inside a hooked
+draft load is that load's, kept by it (``load.py``), not here.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..formats.checkpoint import WeightSource
 
-if TYPE_CHECKING:  # the record imports the stream and the guard; this module stays a leaf
-    from .load_record import DraftLoad
-
 #: hook targets registered in this process (``plugin.register()`` may run more than once)
 _registered: set[str] = set()
-#: weight resolutions sglang's loader made in this process, oldest first
-_weight_sources: list[WeightSource] = []
+#: requested path -> the newest resolution sglang made of it outside any hooked draft load
+#: (the target's, sglang's start-up prefetch): what a draft load that resolves nothing itself
+#: streams
+_resolved_outside: dict[str, WeightSource] = {}
 _lock = threading.Lock()
-_last_draft_load: DraftLoad | None = None
 
 
 @dataclass(frozen=True)
@@ -61,26 +58,24 @@ def registered_targets() -> frozenset[str]:
     return frozenset(_registered)
 
 
-def record_weight_source(source: WeightSource) -> None:
+def record_resolution(source: WeightSource) -> None:
+    """sglang resolved ``source`` outside any hooked draft load (the newest per path)."""
     with _lock:
-        _weight_sources.append(source)
+        _resolved_outside.pop(source.requested, None)  # the newest last
+        _resolved_outside[source.requested] = source
 
 
-def weight_sources() -> tuple[WeightSource, ...]:
+def requested_of(folder: str) -> str:
+    """The path whose newest resolution outside a draft load is ``folder`` (else itself)."""
     with _lock:
-        return tuple(_weight_sources)
+        found = [s.requested for s in _resolved_outside.values() if s.folder == folder]
+    return found[-1] if found else folder
 
 
-def record_draft_load(load: DraftLoad) -> None:
-    """Keep ``load`` as this process's newest draft load (only the newest: a record holds
-    the model's parameters, and a process that builds many drafts must not keep them all)."""
-    global _last_draft_load
-    _last_draft_load = load
-
-
-def last_draft_load() -> DraftLoad | None:
-    """The newest draft load of this process, or None."""
-    return _last_draft_load
+def resolution_of(path: str) -> WeightSource | None:
+    """The newest resolution sglang made of ``path`` outside a hooked draft load, or None."""
+    with _lock:
+        return _resolved_outside.get(path)
 
 
 def draft_launch() -> DraftLaunch | None:

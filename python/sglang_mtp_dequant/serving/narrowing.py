@@ -3,12 +3,9 @@ size, not the checkpoint's.
 
 Usage::
 
-    # the load_weights hook (plugin.py), around sglang's own load_weights of the draft
-    with narrowing.draft_load(spec.kept_names(model)) as narrowed:
-        original(model, weights)            # sglang resolves its files inside: narrowed here
-    narrowed.summary()                      # "streamed 1 of 5 weight files, skipped 4 ..."
-    files = narrowing.narrow_resolved(folder, files)   # sources.observe_prepare_weights
-    choice = choose_files(folder, files, keeps)        # the doctor: the same choice offline
+    choice = choose_files(folder, files, keeps)   # a draft load (load.DraftLoad.resolved), and
+                                                  # the doctor offline: the same choice
+    choice.kept, choice.summary()           # "streamed 1 of 5 weight files, skipped 4 ..."
     walk = count_walk(choice, keeps)        # tensors and files, stock and with the plugin
 
 Why: sglang streams the draft every tensor of every shard of the target's checkpoint, and its
@@ -20,25 +17,20 @@ rules that keep a load at least what stock sglang streams of the draft, on ``cho
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import glob
 import json
 import os
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress
 
 from ..formats.checkpoint import header_names, index_shards
 from ..formats.json_scan import JsonFile, NotScannable
-from ..formats.naming import needles_of
+from ..formats.naming import NameRule, needles_of
 from .settings import env_choice
 
 NARROW_ENV = "SGLANG_MTP_DEQUANT_NARROW"
 _SETTINGS = {"on": True, "1": True, "off": False, "0": False}
 INDEX_PATTERN = "*.safetensors.index.json"
-
-NameRule = Callable[[str], bool]
 
 
 def narrowing_enabled() -> bool:
@@ -192,69 +184,6 @@ def _under(path: str, folder: str) -> str:
     return os.path.normpath(os.path.relpath(path, folder))
 
 
-# -- one draft load ---------------------------------------------------------------------------
-
-
-@dataclass
-class DraftNarrowing:
-    """The narrowing of one hooked draft load: what it keeps, and each resolution it made."""
-
-    keeps: NameRule
-    choices: list[FileChoice] = field(default_factory=list)
-    #: folder -> its index files as read, until the plan takes them (``take_indexes``)
-    _indexes: dict[str, dict[str, JsonFile | None]] = field(default_factory=dict, repr=False)
-
-    def narrow(self, folder: str, files: list[str]) -> list[str]:
-        indexes = read_indexes(folder) if narrowing_enabled() else {}
-        choice = choose_files(folder, files, self.keeps, indexes)
-        self.choices.append(choice)
-        self._indexes[folder] = indexes
-        return list(choice.kept)
-
-    def take_indexes(self, folder: str) -> dict[str, JsonFile | None] | None:
-        """The index files this load read for ``folder`` (once: a large index is big), or
-        None if it read none there."""
-        return self._indexes.pop(folder, None)
-
-    @property
-    def skipped(self) -> int:
-        return sum(len(c.skipped) for c in self.choices)
-
-    def summary(self) -> str | None:
-        """What the load streamed (the log line's clause), or None if sglang resolved nothing
-        inside it (another loader, or files resolved ahead of the load)."""
-        return "; ".join(c.summary() for c in self.choices) or None
-
-    def detail(self) -> str | None:
-        return "; ".join(d for c in self.choices if (d := c.detail()) is not None) or None
-
-
-_ACTIVE: contextvars.ContextVar[DraftNarrowing | None] = contextvars.ContextVar(
-    "mtp_dequant_narrowing", default=None
-)
-
-
-@contextlib.contextmanager
-def draft_load(keeps: NameRule) -> Iterator[DraftNarrowing]:
-    """Within this block, sglang's resolutions of weight files are narrowed to ``keeps``."""
-    narrowing = DraftNarrowing(keeps)
-    token = _ACTIVE.set(narrowing)
-    try:
-        yield narrowing
-    finally:
-        _ACTIVE.reset(token)
-        narrowing._indexes.clear()
-
-
-def narrow_resolved(folder: str, files: list[str]) -> list[str]:
-    """The files a draft load in progress streams of those sglang resolved (all of them
-    outside a hooked draft load)."""
-    narrowing = _ACTIVE.get()
-    if narrowing is None:
-        return files
-    return narrowing.narrow(folder, files)
-
-
 # -- what a load walks ------------------------------------------------------------------------
 
 
@@ -301,14 +230,4 @@ def count_walk(choice: FileChoice, keeps: NameRule) -> Walk:
         plugin_tensors=sum(counts[f] for f in choice.kept),
         choice=choice,
         missed=missed,
-    )
-
-
-def narrowing_line(class_name: str, narrowed: DraftNarrowing) -> str | None:
-    """The INFO line of a load that skipped files (a decoding load says it in its own)."""
-    if not narrowed.skipped:
-        return None
-    return (
-        f"sglang-mtp-dequant: {class_name} draft from {narrowed.choices[-1].folder}: "
-        f"{narrowed.summary()}"
     )

@@ -14,7 +14,7 @@ they were written can be judged. The rest (``fc`` / ``eh_proj``, which every MTP
 as a plain ``nn.Linear``, the norms, a layer the config ignores) are ordinary float weights:
 codes in them are the bug this package exists for. The plain ``nn.Linear`` parts are also
 where a quantized export's codes land with nothing to consume them, so the plugin decodes
-what streams into them (``quantized_load.py``).
+what streams into them (``load.LoadSetting``).
 """
 
 from __future__ import annotations

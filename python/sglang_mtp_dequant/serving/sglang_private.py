@@ -47,7 +47,7 @@ class Private:
 
 _LOADER = "sglang.srt.model_loader.loader"
 
-#: ``DefaultModelLoader._prepare_weights``, observed with an AROUND hook (``sources.py``)
+#: ``DefaultModelLoader._prepare_weights``, observed with an AROUND hook (``load.py``)
 PREPARE_WEIGHTS_TARGET = f"{_LOADER}.DefaultModelLoader._prepare_weights"
 #: ``maybe_add_mtp_safetensors`` (module-level but undocumented), observed the same way
 MTP_FILE_TARGET = f"{_LOADER}.maybe_add_mtp_safetensors"

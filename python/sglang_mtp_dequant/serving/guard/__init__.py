@@ -20,23 +20,37 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
+from ...formats.plan import DequantPlan
 from ..plain_parts import meant_for, quant_owned
 from ..settings import env_choice
 from .report import (
     MODE_ENV,
     Finding,
     MisloadedDraftError,
+    Source,
     SourceIndex,
 )
 from .values import code_evidence, nonfinite_rows
 from .writes import WriteRecorder
 
-if TYPE_CHECKING:  # the record imports this package's modules; the guard only reads it
-    from ..load_record import DraftLoad
+
+class DraftLoadRecord(Protocol):
+    """What the guard reads of a draft load (``load.DraftLoad``, which runs the guard)."""
+
+    class_name: str
+    folder: str | None
+    quantization: str | None
+    plan: DequantPlan | None
+    writes: WriteRecorder | None
+
+    def sources(self) -> list[Source]: ...
+
+    def narrowing_detail(self) -> str | None: ...
+
 
 logger = logging.getLogger("sglang_mtp_dequant")
 
@@ -78,7 +92,7 @@ def inspect_parameters(
     return findings
 
 
-def check_loaded_draft(model: torch.nn.Module, load: DraftLoad) -> list[Finding]:
+def check_loaded_draft(model: torch.nn.Module, load: DraftLoadRecord) -> list[Finding]:
     """Run both checks on a draft sglang just loaded; raise, warn or pass per the mode.
 
     Silent when nothing is found.
@@ -91,6 +105,7 @@ def check_loaded_draft(model: torch.nn.Module, load: DraftLoad) -> list[Finding]
     if mode == "off":
         return []
     writes = load.writes
+    assert writes is not None, "check_loaded_draft runs on a load that recorded its writes"
     packed = getattr(model, "packed_modules_mapping", None)
     sources = SourceIndex(load.sources(), packed, writes.fed_by)
     unwritten = writes.unwritten()
@@ -131,7 +146,7 @@ def check_loaded_draft(model: torch.nn.Module, load: DraftLoad) -> list[Finding]
     raise error
 
 
-def _built_as(load: DraftLoad) -> str | None:
+def _built_as(load: DraftLoadRecord) -> str | None:
     """``compressed_tensors; config.json: compressed-tensors (pack-quantized)`` for a draft
     sglang built quantized, None for one built unquantized."""
     if load.quantization is None:
