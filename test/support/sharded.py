@@ -102,5 +102,5 @@ def write_sharded(
         paths.append(path)
     write_index(dest, weight_map, size, f"{stem}.safetensors.index.json")
     with open(os.path.join(dest, DESCRIPTION), "w") as handle:
-        json.dump(desc, handle, indent=1)
+        json.dump(desc, handle, indent=4)  # as msmodelslim writes it (its index: indent=2)
     return paths

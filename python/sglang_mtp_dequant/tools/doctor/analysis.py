@@ -74,19 +74,55 @@ def diagnose(
     report.launch = launch.describe() if launch is not None else DEFAULT_ANSWER
     if launch is not None:
         report.notes.extend(launch.notes())
+    source = _resolve(report, path, download_dir, revision)
+    if source is None:
+        return report
+    config = _read_config(report)
+    spec, built = _draft_class(report, source, config, launch, dry_run)
+    is_draft = _draft_names(spec, built, config)
+    try:
+        ckpt = Checkpoint.open(source, wanted=is_draft)
+        plan = DequantPlan.build(ckpt)
+    except CheckpointFormatError as exc:
+        report.problems.append(str(exc))
+        return report
+    _tensors(report, source, spec, built, config, ckpt, plan)
+    plain_plan = _who_decodes(report, spec, built, ckpt, is_draft)
+    _notes(report, ckpt, built)
+    if built is not None and report.tensors:
+        _load_dry_run(report, built, ckpt, plan, plain_plan, spec)
+    return report
+
+
+def _resolve(
+    report: Diagnosis, path: str, download_dir: str | None, revision: str | None
+) -> WeightSource | None:
+    """The files sglang would stream for ``path`` (its own resolution, offline); None, with
+    the problem in the report, for a path that is no checkpoint."""
     wrong = check_model_path(path, download_dir=download_dir)
     if wrong is not None:
         report.error_kind = wrong.kind
         report.problems.append(str(wrong))
-        return report
+        return None
     try:
         source = resolve_checkpoint(path, download_dir=download_dir, revision=revision)
     except CheckpointFormatError as exc:
         report.problems.append(str(exc))
-        return report
+        return None
     report.folder, report.resolved_by = os.path.abspath(source.folder), source.how
     report.files = len(source.files)
-    config = _read_config(report)
+    return source
+
+
+def _draft_class(
+    report: Diagnosis,
+    source: WeightSource,
+    config: CheckpointConfig | None,
+    launch: Launch | None,
+    dry_run: bool,
+) -> tuple[DraftSpec | None, Built | None]:
+    """The hooked spec for the checkpoint's architecture and, with the dry run, the draft
+    class sglang builds (on the meta device) and the spec that hooks it."""
     spec = _draft_spec(report, config)
     built = _build(report, source, launch) if dry_run and config is not None else None
     if built is not None:
@@ -98,13 +134,20 @@ def diagnose(
             "the dry run was skipped (--no-dry-run): how sglang builds the draft and whether "
             "every parameter is filled"
         )
-    is_draft = _draft_names(spec, built, config)
-    try:
-        ckpt = Checkpoint.open(source, wanted=is_draft)
-        plan = DequantPlan.build(ckpt)
-    except CheckpointFormatError as exc:
-        report.problems.append(str(exc))
-        return report
+    return spec, built
+
+
+def _tensors(
+    report: Diagnosis,
+    source: WeightSource,
+    spec: DraftSpec | None,
+    built: Built | None,
+    config: CheckpointConfig | None,
+    ckpt: Checkpoint,
+    plan: DequantPlan,
+) -> None:
+    """One row per draft tensor (and per companion nothing uses), what each load walks, and
+    the problem of a checkpoint with no weights or no draft."""
     report.description_file = ckpt.description_file
     _draft_walk(report, source, spec, built, config)
     if not ckpt.files:
@@ -119,11 +162,22 @@ def diagnose(
             "the checkpoint holds no draft (MTP) tensors: sglang's draft would keep "
             "uninitialised weights; use a checkpoint that includes the MTP layers"
         )
+
+
+def _who_decodes(
+    report: Diagnosis,
+    spec: DraftSpec | None,
+    built: Built | None,
+    ckpt: Checkpoint,
+    is_draft: NameRule,
+) -> DequantPlan | None:
+    """Which codes the plugin decodes (every one of a draft built unquantized; of one built
+    quantized, its plain ``nn.Linear`` parts'), whether it is needed and active, and what stock
+    sglang would do; returns a quantized draft's plan of its plain parts."""
     codes = [t for t in report.tensors if t.codes and t.action != "pass"]
     report.plugin_acts = spec is not None and (built is None or built.quant_config is None)
-    quantized = built is not None and built.quant_config is not None
     plain_plan = None
-    if quantized and built is not None:  # (``quantized`` implies a build; said for mypy)
+    if built is not None and built.quant_config is not None:
         _left_to_sglang(report, built)
         codes = []
         if spec is not None:
@@ -139,19 +193,28 @@ def diagnose(
     # a quantized draft needs the plugin when it decodes the codes of a plain nn.Linear part
     _activation(report, needed=bool(codes) and (report.plugin_acts or plain_plan is not None))
     report.stock = _stock_summary(report, codes)
-    _notes(report, ckpt, built)
-    if built is not None and report.tensors:
-        refused = plan.errors if report.plugin_acts else (plain_plan.errors if plain_plan else [])
-        if refused:
-            report.unchecked.append(
-                "no dry run of the load: the plugin refuses the tensors above before sglang's "
-                "loaders would see any; run the doctor again once they are fixed"
-            )
-        elif quantized:
-            _dry_run(report, built, ckpt, plain_plan, spec, quantized=True)
-        else:
-            _dry_run(report, built, ckpt, plan if report.plugin_acts else None, spec)
-    return report
+    return plain_plan
+
+
+def _load_dry_run(
+    report: Diagnosis,
+    built: Built,
+    ckpt: Checkpoint,
+    plan: DequantPlan,
+    plain_plan: DequantPlan | None,
+    spec: DraftSpec | None,
+) -> None:
+    """The load on the meta device, unless the plugin refuses tensors before it."""
+    refused = plan.errors if report.plugin_acts else (plain_plan.errors if plain_plan else [])
+    if refused:
+        report.unchecked.append(
+            "no dry run of the load: the plugin refuses the tensors above before sglang's "
+            "loaders would see any; run the doctor again once they are fixed"
+        )
+    elif built.quant_config is not None:
+        _dry_run(report, built, ckpt, plain_plan, spec, quantized=True)
+    else:
+        _dry_run(report, built, ckpt, plan if report.plugin_acts else None, spec)
 
 
 def _draft_walk(

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from ...formats.checkpoint import Checkpoint, dtype_name, is_code_dtype
+from ...formats.checkpoint import Checkpoint, WeightSource, dtype_name, is_code_dtype
 from ...formats.library import MODELOPT_NVFP4
 from ...formats.plan import DequantPlan
 from ...serving import context
 from ...serving.drafts import DraftSpec, spec_for_class
 from ...serving.guard import WriteRecorder
-from ...serving.plain_parts import feeds_plain_linear, plain_linears
+from ...serving.load import LoadSetting
 from ...serving.plugin import bypassed
 from ..preflight import check_model_path, check_reference, reference_names
 from ..resolve import resolve_checkpoint
@@ -201,19 +201,65 @@ def run_verify(
     plus one copy of the draft's own parameters per extra load (the embedding and lm_head, which it
     takes from the target, are not compared).
     """
-    from ..cpu_sglang import build_draft, draft_model_config, prepare_cpu_process, sglang_weights
-    from ..launch import DEFAULT_ANSWER, default_launch
+    from ..cpu_sglang import build_draft
+    from ..launch import DEFAULT_ANSWER
 
     report = VerifyReport(requested=path, reference=reference)
     report.launch = launch.describe() if launch is not None else DEFAULT_ANSWER
+    if not _inputs_usable(report, path, download_dir, reference):
+        return report
+    session = _start_sglang(report, path, download_dir, revision, launch, say)
+    spec = _hooked_spec(report, session)
+    if spec is None:
+        return report
+    say(f"building {report.class_name} on the CPU ({report.dtype})")
+    with session.launch.platform():
+        model = build_draft(session.model_config)
+    planned = _plan(report, session, model, spec)
+    if planned is not None:
+        _compare_loads(report, session, model, spec, *planned, say)
+    return report
+
+
+@dataclass
+class _Session:
+    """What the steps of one verify share: sglang's resolution, the launch, the draft's
+    ``ModelConfig``."""
+
+    source: WeightSource
+    launch: Launch
+    model_config: Any
+
+
+def _inputs_usable(
+    report: VerifyReport, path: str, download_dir: str | None, reference: str | None
+) -> bool:
+    """The path and ``--reference`` checked before anything is imported or loaded; a problem
+    goes into the report."""
     wrong = check_model_path(path, download_dir=download_dir)
     if wrong is None and reference is not None:
         wrong = check_reference(reference)
-    if wrong is not None:  # before anything is imported or loaded
+    if wrong is not None:
         report.problems.append(str(wrong))
-        return report
+        return False
     if reference is not None:
-        report.reference = reference = os.path.abspath(reference)
+        report.reference = os.path.abspath(reference)
+    return True
+
+
+def _start_sglang(
+    report: VerifyReport,
+    path: str,
+    download_dir: str | None,
+    revision: str | None,
+    launch: Launch | None,
+    say: Callable[[str], None],
+) -> _Session:
+    """Resolve the checkpoint with sglang's own loader (offline) and start this process as an
+    sglang scheduler: the server context published, ``load_plugins()``, the draft's config."""
+    from ..cpu_sglang import draft_model_config, prepare_cpu_process
+    from ..launch import default_launch
+
     source = resolve_checkpoint(path, download_dir=download_dir, revision=revision)
     report.folder, report.resolved_by = os.path.abspath(source.folder), source.how
     report.files_total = len(source.files)
@@ -225,8 +271,16 @@ def run_verify(
     load_plugins()
     model_config = draft_model_config(source.folder)
     report.dtype = dtype_name(model_config.dtype)
-    with launch.platform():
-        shapes = build_draft(model_config, device="meta")
+    return _Session(source, launch, model_config)
+
+
+def _hooked_spec(report: VerifyReport, session: _Session) -> DraftSpec | None:
+    """The hooked spec of the class sglang builds, its size estimated on the meta device; None
+    (said in the report) for a class the plugin does not hook or a hook not applied."""
+    from ..cpu_sglang import build_draft
+
+    with session.launch.platform():
+        shapes = build_draft(session.model_config, device="meta")
     report.class_name = type(shapes).__name__
     spec = spec_for_class(type(shapes))
     if spec is None:
@@ -234,28 +288,31 @@ def run_verify(
             f"sglang builds {report.class_name} for this checkpoint's architecture, a draft "
             "class this plugin does not hook (not supported yet): nothing to verify"
         )
-        return report
+        return None
     if spec.target not in context.registered_targets():
         from ..activation import plugin_activation
 
         found = plugin_activation()
         why = found.why if not found.active else "sglang loaded it, but its hook is not applied"
         report.inactive = f"sglang's load_plugins() did not hook {spec.target}: {why}"
-        return report
+        return None
     shared = [n for n, _ in shapes.named_parameters() if _from_target(n, spec)]
     report.estimated_bytes = _bytes(p for _, p in shapes.named_parameters())
     report.shared_bytes = _bytes(p for n, p in shapes.named_parameters() if n in shared)
-    del shapes
-    say(f"building {report.class_name} on the CPU ({report.dtype})")
-    with launch.platform():
-        model = build_draft(model_config)
-    report.built_quantized = _quant_name(model)
-    is_draft = spec.draft_names(model)
-    wanted = is_draft
-    if report.built_quantized is not None:  # the plugin decodes its plain nn.Linear parts only
-        linears = plain_linears(model)
-        wanted = lambda n: is_draft(n) and feeds_plain_linear(n, linears)  # noqa: E731
-    ckpt = Checkpoint.open(source, wanted=wanted)
+    return spec
+
+
+def _plan(
+    report: VerifyReport, session: _Session, model: torch.nn.Module, spec: DraftSpec
+) -> tuple[DequantPlan, dict[str, torch.Tensor]] | None:
+    """The plugin's plan for the built draft (its ``LoadSetting``: a draft built quantized
+    decodes its plain ``nn.Linear`` parts only), the files sglang will stream, and the
+    companions the reference decodes with; None (a problem in the report) when ``--reference``
+    holds none of the tensors the plugin decodes."""
+    setting = LoadSetting.of(model, spec.draft_names(model))
+    report.built_quantized = setting.quantization
+    source = session.source
+    ckpt = Checkpoint.open(source, wanted=setting.wanted)
     plan = DequantPlan.build(ckpt)
     draft_files = sorted({info.file for info in ckpt.tensors.values()})
     if len(draft_files) == 1 and report.built_quantized is None:
@@ -265,35 +322,51 @@ def run_verify(
         report.files_streamed = draft_files
     else:
         report.files_streamed = list(source.files)
-    if reference is not None:
+    if report.reference is not None:
         decoded = set(plan.to_dequantize)
-        if decoded and not decoded & reference_names(reference):
+        if decoded and not decoded & reference_names(report.reference):
             report.problems.append(
-                f"{reference} (--reference) holds none of the {len(decoded)} draft tensors the "
-                f"plugin decodes (e.g. {sorted(decoded)[0]}): pass the file of the original "
-                "float draft tensors, under the checkpoint's names"
+                f"{report.reference} (--reference) holds none of the {len(decoded)} draft "
+                f"tensors the plugin decodes (e.g. {sorted(decoded)[0]}): pass the file of the "
+                "original float draft tensors, under the checkpoint's names"
             )
-            return report
+            return None
     companions = ckpt.read_many(
         c for entry in plan.to_dequantize.values() for c in entry.companions.values()
     )
+    return plan, companions
+
+
+def _compare_loads(
+    report: VerifyReport,
+    session: _Session,
+    model: torch.nn.Module,
+    spec: DraftSpec,
+    plan: DequantPlan,
+    companions: dict[str, torch.Tensor],
+    say: Callable[[str], None],
+) -> None:
+    """The three (or four) loads of the built draft, and one row per draft parameter."""
+    from ..cpu_sglang import sglang_weights
+
+    dtype = session.model_config.dtype
 
     def weights() -> Weights:
-        return sglang_weights(model_config, model)
+        return sglang_weights(session.model_config, model)
 
     say("stock load (load_weights with the hook bypassed)")
     stock = _load(model, spec, weights(), hooked=False)
     report.stock_error = stock.error
     say("reference load (independent dequantization, stock load_weights)")
     unverifiable: set[str] = set()
-    independent = _reference_stream(weights(), plan, companions, model_config.dtype, unverifiable)
+    independent = _reference_stream(weights(), plan, companions, dtype, unverifiable)
     expected = _load(model, spec, independent, hooked=False)
     if expected.error:
         report.problems.append(f"the reference load failed: {expected.error}")
     floats = None
-    if reference is not None:
-        say(f"float reference load ({reference})")
-        originals = _float_stream(weights(), plan, reference, model_config.dtype)
+    if report.reference is not None:
+        say(f"float reference load ({report.reference})")
+        originals = _float_stream(weights(), plan, report.reference, dtype)
         floats = _load(model, spec, originals, hooked=False)
         if floats.error:
             report.problems.append(f"the float reference load failed: {floats.error}")
@@ -307,7 +380,6 @@ def run_verify(
             if floats is not None:
                 _against_originals(row, param.detach(), stock, floats)
             report.rows.append(row)
-    return report
 
 
 @dataclass
@@ -333,11 +405,6 @@ def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
         return 1 << 30
     x, y = (a + 0.0).view(torch.int16).int(), (b + 0.0).view(torch.int16).int()
     return int((x - y).abs().max()) if x.numel() else 0
-
-
-def _quant_name(model: torch.nn.Module) -> str | None:
-    config = getattr(model, "quant_config", None)
-    return None if config is None else str(config.get_name())
 
 
 def _from_target(name: str, spec: DraftSpec) -> bool:
