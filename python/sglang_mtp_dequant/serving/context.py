@@ -49,6 +49,11 @@ def sglang_version() -> str:
         return "unknown"
 
 
+def resolver_name() -> str:
+    """Who resolved a checkpoint's files, for the messages that name it."""
+    return f"sglang {sglang_version()} DefaultModelLoader"
+
+
 def mark_registered(target: str) -> None:
     _registered.add(target)
 

@@ -135,7 +135,7 @@ def observe_prepare_weights(
     """
     result = original(loader, model_name_or_path, *args, **kwargs)
     folder, files = result[0], result[1]
-    source = WeightSource(str(model_name_or_path), folder, tuple(files), sources.resolver_name())
+    source = WeightSource(str(model_name_or_path), folder, tuple(files), context.resolver_name())
     load = in_progress()
     if load is None:
         context.record_resolution(source)
@@ -155,11 +155,11 @@ def observe_mtp_file(
     if list(result) != list(files):
         load = in_progress()
         if load is not None:
-            load.mtp_file_added(folder, tuple(result), sources.resolver_name())
+            load.mtp_file_added(folder, tuple(result), context.resolver_name())
         else:
             requested = context.requested_of(folder)
             context.record_resolution(
-                WeightSource(requested, folder, tuple(result), sources.resolver_name())
+                WeightSource(requested, folder, tuple(result), context.resolver_name())
             )
     return result
 

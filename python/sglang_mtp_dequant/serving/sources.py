@@ -30,11 +30,6 @@ from . import context, sglang_private
 SGLANG_INDEX = "model.safetensors.index.json"
 
 
-def resolver_name() -> str:
-    """How a resolution was made, for the messages that name it."""
-    return f"sglang {context.sglang_version()} DefaultModelLoader"
-
-
 @contextlib.contextmanager
 def _offline() -> Iterator[None]:
     """Hugging Face and ModelScope lookups from the local cache only, as ``HF_HUB_OFFLINE=1``.
@@ -99,7 +94,7 @@ def resolve_offline(
         files = sglang_private.mtp_file_added(
             list(files), folder, SGLANG_INDEX, _hf_config_of(folder)
         )
-    return WeightSource(path, folder, tuple(files), f"{resolver_name()} (offline)")
+    return WeightSource(path, folder, tuple(files), f"{context.resolver_name()} (offline)")
 
 
 def _local_copy(loader: Any, path: str, revision: str | None) -> str:
