@@ -148,27 +148,12 @@ def registered_drafts() -> dict[str, str]:
 
 
 def load_side(folders: Path, out: Path) -> int:
-    import sglang
+    from load_draft import start_sglang_process
     from safetensors.torch import save_file
     from sglang.srt.distributed import parallel_state
-    from sglang.srt.plugins import load_plugins
-
-    from sglang_mtp_dequant.serving.sglang_private import unwrapped
-    from sglang_mtp_dequant.tools.cpu_sglang import init_world_size_one, publish_context
 
     out.mkdir(parents=True, exist_ok=True)
-    first = str(folders / next(iter(CASES)))
-    publish_context(first, draft_path=first)
-    init_world_size_one()
-    load_plugins()
-    from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
-
-    hooked = Qwen3_5ForCausalLMMTP.__dict__["load_weights"]
-    side = {
-        "sglang": os.path.dirname(sglang.__file__),
-        "plugin_hooked": unwrapped(hooked) is not hooked,
-        "SGLANG_PLUGINS": os.environ.get("SGLANG_PLUGINS"),
-    }
+    side = start_sglang_process(str(folders / next(iter(CASES))))
     side["registered_drafts"] = registered_drafts()
     side["loaded_classes"] = sorted({cls for cls, _ in CASES.values()})
     (out / "side.json").write_text(json.dumps(side, indent=1))

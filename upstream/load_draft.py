@@ -75,6 +75,26 @@ def load_one(folder: str) -> dict[str, torch.Tensor]:
     }
 
 
+def start_sglang_process(folder: str) -> dict:
+    """This process as one of sglang's: its context published for ``folder``, a world of one,
+    the plugins loaded as sglang loads them. Returns which sglang it is and whether the plugin
+    hooked Qwen3.5's MTP ``load_weights``."""
+    import sglang
+    from sglang.srt.plugins import load_plugins
+
+    publish_context(folder, draft_path=folder)
+    init_world_size_one()
+    load_plugins()
+    from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
+
+    hooked = Qwen3_5ForCausalLMMTP.__dict__["load_weights"]
+    return {
+        "sglang": os.path.dirname(sglang.__file__),
+        "plugin_hooked": unwrapped(hooked) is not hooked,
+        "SGLANG_PLUGINS": os.environ.get("SGLANG_PLUGINS"),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
@@ -86,24 +106,11 @@ def main() -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
     ensure_torchvision_importable()
-    import sglang
     from safetensors.torch import save_file
     from sglang.srt.distributed import parallel_state
-    from sglang.srt.plugins import load_plugins
 
-    first = os.path.abspath(args.folders[0])
-    publish_context(first, draft_path=first)
-    init_world_size_one()
-    load_plugins()
-    from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
-
-    hooked = Qwen3_5ForCausalLMMTP.__dict__["load_weights"]
-    side = {
-        "sglang": os.path.dirname(sglang.__file__),
-        "plugin_hooked": unwrapped(hooked) is not hooked,
-        "branch_module": _has_branch_module(),
-        "SGLANG_PLUGINS": os.environ.get("SGLANG_PLUGINS"),
-    }
+    side = start_sglang_process(os.path.abspath(args.folders[0]))
+    side["branch_module"] = _has_branch_module()
     with open(os.path.join(args.out, "side.json"), "w") as f:
         json.dump(side, f, indent=1)
     wanted = {"plugin": (True, False), "branch": (False, True), "both": (True, True)}.get(

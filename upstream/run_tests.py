@@ -325,6 +325,7 @@ def step_bf16(repo: Path, base: dict, logs: Path) -> list[str]:
         if errors:
             problems.append(f"stock sglang did not load {errors}")
         for label, folder in out.items():
+            before = len(problems)
             side = json.loads((folder / "side.json").read_text())
             want_hooked = label.endswith("plugin-on")
             if side["plugin_hooked"] != want_hooked:
@@ -339,8 +340,9 @@ def step_bf16(repo: Path, base: dict, logs: Path) -> list[str]:
                                    or not same_bits(left[k], right[k]))  # fmt: skip
                 if differing or set(right) != set(left):
                     problems.append(f"{label}: {case} differs from stock: {differing[:5]}")
+            same = len(problems) == before
             print(f"  {label}: {len(cases)} drafts, "
-                  f"{'bit-identical to stock' if not problems else 'DIFFER'}")  # fmt: skip
+                  f"{'bit-identical to stock' if same else 'DIFFER'}")  # fmt: skip
         problems += _untouched_classes(repo, base, reference)
     return problems
 
