@@ -20,11 +20,8 @@ from dataclasses import asdict, dataclass
 
 #: the plugin's INFO line for one draft load (``serving/plugin.py``), up to the folder
 PLUGIN_LINE = re.compile(r"sglang-mtp-dequant: (\S+) draft from (\S+): dequantized (\d+) tensors")
-#: the feature branch's INFO line (upstream/series/, ``modelslim_draft.py``)
-BRANCH_LINE = re.compile(
-    r"Dequantized (\d+) ModelSlim draft weights \(.*\) to \S+ for a draft built unquantized, "
-    r"from (\S+)"
-)
+#: the feature branch's INFO line (upstream/series/, PR 1's ``qwen3_5_mtp.py``)
+BRANCH_LINE = re.compile(r"Dequantized (\d+) ModelSlim W8A8_DYNAMIC MTP weights from (\S+)")
 #: the run of the quantized draft with the fix: the plugin's, or the feature branch's
 FIXED = ("plugin", "branch")
 

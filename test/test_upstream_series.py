@@ -1,12 +1,11 @@
 """The sglang pull-request stack (upstream/series/ = PR 1, upstream/stack/*/ = the follow-ups)
 against the pinned release, and against the plugin.
 
-One implementation, not two: the branch's decode arithmetic (its
-``python/sglang/srt/layers/quantization/modelslim/modelslim_draft.py``) must give the same bits
-as the plugin's schemes on every scheme the branch covers. The branch is materialized here from
-the pinned wheel exactly as ``make upstream-tree`` does (``upstream/tree.py``: sha256 checked,
-baseline commit checked against ``upstream/BASE``, series applied with ``git am``), in a
-temporary folder; the wheel is downloaded with pip into ``.cache/upstream/`` when absent (the
+One decode, not two: PR 1's W8A8_DYNAMIC decode (``_dequant_mtp_w8a8_weights`` in the tree's
+``qwen3_5_mtp.py``) must give the same bits as the plugin's scheme. The branch is materialized
+here from the pinned wheel exactly as ``make upstream-tree`` does (``upstream/tree.py``: sha256
+checked, baseline commit checked against ``upstream/BASE``, series applied with ``git am``), in
+a temporary folder; the wheel is downloaded with pip into ``.cache/upstream/`` when absent (the
 test fails, never skips, when it cannot be had).
 
 "Current" means: ``git format-patch --zero-commit --no-signature`` of the branch that ``git am``
@@ -17,17 +16,21 @@ there is no generated part to compare with a source.
 
 from __future__ import annotations
 
-import importlib.util
+import ast
+import re
 import sys
+import types
 from pathlib import Path
 
+import lint
 import pytest
 import torch
 import tree
 
 ROOT = Path(__file__).resolve().parent.parent
 
-BRANCH_MODULE = "python/sglang/srt/layers/quantization/modelslim/modelslim_draft.py"
+PR1_MODEL = "python/sglang/srt/models/qwen3_5_mtp.py"
+PR1_TEST = "test/registered/unit/models/test_qwen3_5_mtp_w8a8_dequant.py"
 
 
 @pytest.fixture(scope="module")
@@ -52,33 +55,79 @@ def test_series_applies_to_the_pinned_base_with_git_am(branch_tree):
 
 
 def test_pr1_alone_is_the_qwen3_5_mtp_change_within_its_budget(branch_tree):
-    """upstream/series/ is PR 1: qwen3_5_mtp.py and its one registered test, nothing else,
-    within the line budget (issue #24: 200 + 250, 450 in all)."""
+    """upstream/series/ is PR 1: qwen3_5_mtp.py (with the card's function) and its one
+    registered test, nothing else, within the line budget (issue #37: 90 + 160, 250 in all);
+    its text at most 80 lines."""
     repo, _, _ = branch_tree
     numstat = tree.git(repo, "diff", "--numstat", tree.TAG, tree.step_ref("series"))
     added = {path: int(n) for n, _, path in (line.split("\t") for line in numstat.splitlines())}
-    model = "python/sglang/srt/models/qwen3_5_mtp.py"
-    test = "test/registered/unit/models/test_qwen3_5_mtp_w8a8_dequant.py"
-    assert set(added) == {model, test}
-    assert added[model] <= 200 and added[test] <= 250 and sum(added.values()) <= 450, added
-    assert [name for name, _ in tree.steps()][0] == "series" and len(tree.steps()) >= 2
+    assert set(added) == {PR1_MODEL, PR1_TEST}
+    assert added[PR1_MODEL] <= 90 and added[PR1_TEST] <= 160, added
+    assert sum(added.values()) <= 250, added
+    model = tree.git(repo, "show", f"{tree.step_ref('series')}:{PR1_MODEL}")
+    assert "def _load_mtp_w8a8_dequant_scales(" in model
+    assert "self.fc" not in model.split("def load_weights(")[1]  # Qwen4-Exp has no fc
+    assert len((ROOT / "upstream" / "PR.md").read_text().splitlines()) <= 80
+
+
+def test_the_stack_is_small_steps_in_sglangs_order(branch_tree):
+    """After PR 1: the NPU accept-length test on PR 1 alone, where sglang's newest rules put
+    NPU tests (test/registered/npu/), registered like its siblings; every step a folder named
+    NN-<words> with its own PR.md and no change to a test file's environment."""
+    repo, _, _ = branch_tree
+    names = [name for name, _ in tree.steps()]
+    assert names[0] == "series" and names[1] == "01-npu-qwen3-5-mtp-accept-length-test"
+    assert all(re.fullmatch(r"\d\d-[a-z0-9]+(-[a-z0-9]+)+", n) for n in names[1:]), names
+    assert all((folder / "PR.md").is_file() for _, folder in tree.steps()[1:])
+    npu_test = tree.added_files(repo, tree.read_base(), "test/registered", tree.step_ref(names[1]))
+    npu_test = [f for f in npu_test if f != PR1_TEST]
+    assert len(npu_test) == 1 and npu_test[0].startswith("test/registered/npu/"), npu_test
+    text = tree.git(repo, "show", f"{tree.step_ref(names[1])}:{npu_test[0]}")
+    assert 'register_npu_ci(est_time=400, suite="base-b-test-2-npu-a3")' in text
+    assert "QWEN3_5_27B_W8A8_WEIGHTS_PATH" in text
+    for path in tree.added_files(repo, tree.read_base(), "test/registered"):
+        body = tree.git(repo, "show", f"{tree.read_base()['branch']}:{path}")
+        assert "sys.modules" not in body and "torchvision" not in body and "fmt: skip" not in body
+
+
+def test_lint_rejects_what_sglangs_newest_check_rejects():
+    """upstream/lint.py's port of check_registered_tests.py: the old location of the NPU
+    test (test/registered/ascend/) fails the taxonomy; test/registered/npu/ and a CPU unit
+    test within 60 s pass; a unit test registered for NPU, or over 60 s, fails."""
+    cpu = types.SimpleNamespace(backend=types.SimpleNamespace(name="CPU"), est_time=40,
+                                effective_suite="base-a-test-cpu")  # fmt: skip
+    npu = types.SimpleNamespace(backend=types.SimpleNamespace(name="NPU"), est_time=400,
+                                effective_suite="base-b-test-2-npu-a3")  # fmt: skip
+    empty = ast.parse("")
+    old = "test/registered/ascend/llm_models/test_npu_qwen3_5_w8a8_mtp_draft.py"
+    assert lint.taxonomy_errors(old, [npu], empty)
+    assert not lint.taxonomy_errors("test/registered/npu/x/test_npu_y.py", [npu], empty)
+    assert not lint.taxonomy_errors(f"{PR1_TEST}", [cpu], empty)
+    assert lint.taxonomy_errors(f"{PR1_TEST}", [npu], empty)
+    slow = types.SimpleNamespace(**{**vars(cpu), "est_time": 61})
+    assert lint.taxonomy_errors(f"{PR1_TEST}", [slow], empty)
+    server = ast.parse("popen_launch_server(model, url)")
+    assert lint.taxonomy_errors(f"{PR1_TEST}", [cpu], server)
 
 
 def test_plugin_steps_aside_per_class_for_pr1_alone(monkeypatch):
-    """With PR 1 alone sglang fixes Qwen3.5's MTP only: the plugin must step aside for a
-    ``load_weights`` from a module defining PR 1's error type, and for no other."""
-    import types
-
+    """With PR 1 sglang fixes Qwen3.5's MTP (and Qwen4-Exp, which inherits it) only: the
+    plugin steps aside for a ``load_weights`` from a module defining PR 1's function
+    ``_load_mtp_w8a8_dequant_scales``, and for no other."""
     from sglang_mtp_dequant.serving import plugin
 
     fixed = types.ModuleType("sglang_pr1_fixed_module")
-    setattr(fixed, plugin.UPSTREAM_FIX_MARKER, ValueError)
-    monkeypatch.setitem(sys.modules, fixed.__name__, fixed)
-    monkeypatch.setattr(plugin, "UPSTREAM_FIX", "sglang_mtp_dequant_no_such_module")
+    fixed._load_mtp_w8a8_dequant_scales = lambda held, description: {}
+    named_only = types.ModuleType("sglang_pr1_name_only")
+    named_only._load_mtp_w8a8_dequant_scales = None
+    for module in (fixed, named_only):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
 
     def load_weights(self, weights):
         return weights
 
+    assert not plugin.sglang_dequantizes_drafts(load_weights)
+    load_weights.__module__ = named_only.__name__
     assert not plugin.sglang_dequantizes_drafts(load_weights)
     load_weights.__module__ = fixed.__name__
     assert plugin.sglang_dequantizes_drafts(load_weights)
@@ -90,29 +139,29 @@ def test_committed_series_is_current(branch_tree):
     assert tree.check_current(repo, base) == []
 
 
-def _branch_decoder(repo: Path):
-    """The branch's module, loaded from its file (its top level imports only stdlib and
-    torch; sglang's own imports are inside the functions that need them)."""
-    spec = importlib.util.spec_from_file_location("upstream_modelslim_draft", repo / BRANCH_MODULE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _plugin():
-    """The plugin's scheme registry and header record, wherever the package keeps them."""
-    try:
-        from sglang_mtp_dequant.formats.checkpoint import TensorInfo
-        from sglang_mtp_dequant.formats.schemes import scheme_for
-    except ImportError:
-        from sglang_mtp_dequant.checkpoint import TensorInfo
-        from sglang_mtp_dequant.schemes import scheme_for
-    return scheme_for, TensorInfo
+def _pr1_decoder(repo: Path):
+    """PR 1's two decode functions, taken from the tree's ``qwen3_5_mtp.py`` by their syntax
+    tree and run alone (they use torch only): importing the file would import the tree's
+    sglang over the installed one."""
+    source = (repo / PR1_MODEL).read_text()
+    wanted = {"_MODELSLIM_WEIGHT_PARTS", "_load_mtp_w8a8_dequant_scales"}
+    wanted.add("_dequant_mtp_w8a8_weights")
+    nodes = [
+        node
+        for node in ast.parse(source).body
+        if getattr(node, "name", None) in wanted
+        or (isinstance(node, ast.Assign) and node.targets[0].id in wanted)
+    ]
+    assert len(nodes) == 3, [getattr(n, "name", None) for n in nodes]
+    namespace = {"torch": torch, "Dict": dict, "Tuple": tuple}
+    namespace["logger"] = __import__("logging").getLogger("pr1")
+    exec(compile(ast.Module(body=nodes, type_ignores=[]), PR1_MODEL, "exec"), namespace)
+    return namespace["_dequant_mtp_w8a8_weights"]
 
 
 def _cases():
-    """(scheme, codes, companions, group_size) for every scheme the branch decodes, with
-    full-range codes, tiny, huge and tie-making scales, offsets, and each storage form."""
+    """(label, codes, weight_scale, weight_offset) of W8A8_DYNAMIC, per channel and per group,
+    with full-range codes and tiny, huge and tie-making scales."""
     gen = torch.Generator().manual_seed(17)
     out, inp = 40, 96
     q = torch.randint(-128, 128, (out, inp), dtype=torch.int8, generator=gen)
@@ -122,52 +171,37 @@ def _cases():
         "tie": torch.full((out, 1), 1 + 2**-8),
         "subnormal": torch.full((out, 1), 1e-40),
         "overflow": torch.full((out, 1), 3e37),
+        "per group": torch.rand(out, 3, generator=gen) * 1e-2 + 1e-6,
     }
-    group = torch.rand(out, 3, generator=gen) * 1e-2 + 1e-6
-    offset = torch.randint(-20, 20, (out, 1), generator=gen).float()
-    group_offset = torch.randint(-20, 20, (out, 3), generator=gen).float()
-    deq = torch.rand(out, generator=gen) * 1e-3 + 1e-7
-    input_scale = torch.tensor([0.0173])
-
-    def affine(scale, offset):
-        return {"weight_scale": scale, "weight_offset": offset}
-
     for label, scale in scales.items():
-        yield f"W8A8_DYNAMIC {label}", "W8A8_DYNAMIC", q, affine(scale, 0 * scale), 0
-        yield f"W8A16 {label}", "W8A16", q, affine(scale, offset), 0
-    v0_scale = scales["random"].bfloat16()
-    yield "W8A8_DYNAMIC bf16 V0 scale", "W8A8_DYNAMIC", q, {"weight_scale": v0_scale}, 0
-    yield "W8A8_DYNAMIC per group", "W8A8_DYNAMIC", q, affine(group, 0 * group), 32
-    yield "W8A16 per group", "W8A16", q, affine(group, group_offset), 32
-    static = {
-        "input_scale": input_scale,
-        "input_offset": torch.tensor([3.0]),
-        "quant_bias": torch.randint(-9, 9, (out,), dtype=torch.int32, generator=gen),
-    }
-    yield "W8A8 f32 deq_scale", "W8A8", q, {"deq_scale": deq, **static}, 0
-    bits = deq.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    yield "W8A8 int64 deq_scale", "W8A8", q, {"deq_scale": bits, **static}, 0
-    v0 = affine(v0_scale, torch.zeros(out, 1).bfloat16())
-    yield "W8A8_MIX V0", "W8A8_MIX", q, {"deq_scale": deq, **static, **v0}, 0
-    yield "W8A8_MIX V1", "W8A8_MIX", q, {"deq_scale": deq, **static}, 0
+        yield label, q, scale, torch.zeros_like(scale)
+    yield "bf16 scale", q, scales["random"].bfloat16(), torch.zeros(out, 1).bfloat16()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_branch_and_plugin_decode_bit_identically(branch_tree, dtype):
-    branch = _branch_decoder(branch_tree[0])
-    scheme_for, TensorInfo = _plugin()
+def test_pr1_and_plugin_decode_bit_identically(branch_tree, dtype):
+    from sglang_mtp_dequant.formats.checkpoint import TensorInfo
+    from sglang_mtp_dequant.formats.schemes import scheme_for
+
+    decode = _pr1_decoder(branch_tree[0])
     ints = {2: torch.int16, 4: torch.int32}[torch.finfo(dtype).bits // 8]
-    checked = set()
-    for label, scheme, q, companions, group_size in _cases():
-        info = TensorInfo("mtp.x.weight", "x.safetensors", q.dtype, tuple(q.shape))
-        plugin = scheme_for(scheme).prepare(info, dict(companions), group_size).decompress(q, dtype)
-        ours = branch.decode_modelslim_weight(
-            "mtp.x.weight", scheme, q, dict(companions), group_size, dtype
-        )
-        assert ours.dtype == plugin.dtype == dtype, label
-        assert torch.equal(ours.view(ints), plugin.view(ints)), label
-        checked.add(scheme)
-    assert checked == set(branch.SUPPORTED_TYPES)
+    name = "mtp.layers.0.mlp.down_proj.weight"
+    for label, q, scale, offset in _cases():
+        companions = {"weight_scale": scale, "weight_offset": offset}
+        info = TensorInfo(name, "x.safetensors", q.dtype, tuple(q.shape))
+        group_size = q.shape[1] // scale.shape[1] if scale.shape[1] > 1 else 0
+        prepared = scheme_for("W8A8_DYNAMIC").prepare(info, dict(companions), group_size)
+        plugin = prepared.decompress(q, dtype)
+        stream = [(name, q)] + [(f"{name[:-6]}{k}", v) for k, v in companions.items()]
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            ours = dict(decode(iter(stream), dict.fromkeys(dict(stream), "W8A8_DYNAMIC"), "x"))
+        finally:
+            torch.set_default_dtype(default)
+        assert set(ours) == {name}, label  # the scale and offset are consumed
+        assert ours[name].dtype == plugin.dtype == dtype, label
+        assert torch.equal(ours[name].view(ints), plugin.view(ints)), label
 
 
 @pytest.mark.slow
@@ -195,7 +229,7 @@ def test_plugin_steps_aside_on_the_patched_tree(branch_tree, load_draft, tmp_pat
     ours = [line for line in output.splitlines() if line.startswith("sglang_mtp_dequant ")]
     assert len(ours) == 1, ours
     assert "INFO" in ours[0] and "leaves the Qwen3_5ForCausalLMMTP draft load to it" in ours[0]
-    assert "Dequantized 7 ModelSlim draft weights (W8A8_DYNAMIC x7)" in output
+    assert "Dequantized 7 ModelSlim W8A8_DYNAMIC MTP weights from" in output
     loaded = load_file(str(tmp_path / "q35_dense_w8a8_dynamic.safetensors"))
     alone = dict(load_draft(folder).named_parameters())  # stock sglang + plugin, this process
     compared = 0

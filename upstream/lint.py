@@ -13,12 +13,19 @@ sglang's ``.pre-commit-config.yaml`` runs it:
 - isort with sglang's ``.isort.cfg`` (``profile=black``, ``known_first_party=sglang``);
 - ``ruff check --select=F401,F821,F823,UP037`` and ``ruff format --check`` (new files);
 - codespell with sglang's ``.codespellrc``;
-- sglang's registered-test rules, re-implemented here over sglang's own parser
-  (``ci_register.ut_parse_one_file``): a test under ``test/registered/unit/`` registers for
-  CPU (or a ``-unit-`` suite) only, with ``est_time`` at most 60 and no server launch; every
-  registered file has a ``__main__`` that runs its tests (``unittest.main()`` or
-  ``pytest.main`` with arguments, never a bare ``pytest.main()``); nothing under
-  ``python/sglang/`` registers a test; no CJK characters in a changed file.
+- sglang's ``scripts/lint/check_registered_tests.py`` (the commit is in ``upstream/BASE``),
+  ported over the tree's own parser (``ci_register.ut_parse_one_file``): every file under
+  ``test/registered/`` registers for a suite; a TestCase file's ``__main__`` runs its tests; a
+  CUDA registration uses ``stage=``/``runner_config=`` (legacy ``suite=`` only for stress);
+  and, for a file the stack adds, the taxonomy: it lives under
+  ``test/registered/<kind>/<subsystem>/`` (kind: unit, kernel, e2e, accuracy, perf, stress) or
+  under a vendor folder (amd, mlx, mps, musa, npu, xpu); a unit test registers CPU (or a
+  ``-unit-`` suite) only, with ``est_time`` at most 60, and calls no ``popen_launch_server``;
+  a kernel test uses a ``-kernel-`` suite, accuracy/perf nightly/weekly suites, stress
+  stress/weekly;
+- the local hooks check-no-bare-pytest-main (``pytest.main`` with arguments, never bare) and
+  check-no-registered-tests-in-package (nothing under ``python/sglang/`` registers a test), and
+  no CJK characters in a changed file.
 """
 
 from __future__ import annotations
@@ -43,20 +50,19 @@ CODESPELLRC = (
     "skip = *.json, *.jsonl, *.patch, *.txt, *.lock\n"
 )
 RUFF_SELECT = "--select=F401,F821,F823,UP037"
-UNIT_DIR = "test/registered/unit/"
 MAX_UNIT_EST_TIME = 60
 CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 
 
 def changed_files(repo: Path, base: dict[str, str]) -> tuple[list[str], list[str]]:
-    """(changed or added, added) files of the whole stack."""
+    """(changed or added, added/copied/renamed) files of the whole stack."""
 
     def diff(flt: str) -> list[str]:
         out = tree.git(repo, "diff", "--name-only", f"--diff-filter={flt}", tree.TAG,
                        base["branch"])  # fmt: skip
         return [line for line in out.splitlines() if line]
 
-    return diff("AM"), diff("A")
+    return diff("AMCR"), diff("ACR")
 
 
 def run_tool(cmd: list[str], cwd: Path) -> tuple[int, str]:
@@ -84,8 +90,89 @@ def main_entry_problems(path: Path) -> list[str]:
     return []
 
 
-def registered_test_problems(repo: Path, files: list[str]) -> list[str]:
-    """sglang's registered-test rules (see the module docstring) over its own parser."""
+# sglang's scripts/lint/check_registered_tests.py (the commit is in upstream/BASE), ported:
+# where a new registered test may live and what each kind of test may register
+TEST_KINDS = {"unit", "kernel", "e2e", "accuracy", "perf", "stress"}
+VENDOR_DIRS = {"amd", "mlx", "mps", "musa", "npu", "xpu"}
+LEGACY_CUDA_PREFIXES = ("stress",)
+MODERN_SHAPE = re.compile(r"^(.+)-test-(.+)$")
+
+
+def defines_testcase(module: ast.AST) -> bool:
+    """The file defines unittest classes, statically or via type()."""
+    for node in ast.walk(module):
+        if isinstance(node, ast.ClassDef):
+            if any("TestCase" in ast.unparse(b) for b in node.bases):
+                return True
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "type"
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Tuple)
+            and any("TestCase" in ast.unparse(e) for e in node.args[1].elts)
+        ):
+            return True
+    return False
+
+
+def main_runs_tests(module: ast.Module) -> bool:
+    for stmt in module.body:
+        if isinstance(stmt, ast.If) and ast.unparse(stmt.test).replace("'", '"') == (
+            '__name__ == "__main__"'
+        ):
+            body = ast.unparse(ast.Module(body=stmt.body, type_ignores=[]))
+            if "unittest.main" in body or "pytest.main" in body:
+                return True
+    return False
+
+
+def contains_call(module: ast.AST, name: str) -> bool:
+    return any(
+        isinstance(node, ast.Call)
+        and (
+            (isinstance(node.func, ast.Name) and node.func.id == name)
+            or (isinstance(node.func, ast.Attribute) and node.func.attr == name)
+        )
+        for node in ast.walk(module)
+    )
+
+
+def taxonomy_errors(path: str, registries: list, module: ast.AST) -> list[str]:
+    """The kind/subsystem rule for a newly added registered test."""
+    parts = path.split("/")[2:] if path.startswith("test/registered/") else []
+    if parts and parts[0] in VENDOR_DIRS:
+        return []
+    if len(parts) < 3 or parts[0] not in TEST_KINDS:
+        return [f"{path}: registered tests must live under test/registered/<kind>/<subsystem>/; "
+                f"kind must be one of {', '.join(sorted(TEST_KINDS))}"]  # fmt: skip
+    kind, errors = parts[0], []
+    suites = [r.effective_suite or "" for r in registries]
+    if kind == "unit":
+        if any(
+            r.backend.name != "CPU" and "-unit-" not in s
+            for r, s in zip(registries, suites, strict=True)
+        ):
+            errors.append(f"{path}: unit tests must use CPU or dedicated unit suites")
+        if any(r.est_time > MAX_UNIT_EST_TIME for r in registries):
+            errors.append(f"{path}: unit test est_time must be <= {MAX_UNIT_EST_TIME} seconds")
+        if contains_call(module, "popen_launch_server"):
+            errors.append(f"{path}: unit tests may not launch a server")
+    elif kind == "kernel" and any("-kernel-" not in s for s in suites):
+        errors.append(f"{path}: kernel tests must use a *-kernel-* suite")
+    elif kind in {"accuracy", "perf"} and not all(
+        s.startswith(("nightly-", "weekly-")) for s in suites
+    ):
+        errors.append(f"{path}: {kind} tests must use nightly/weekly suites")
+    elif kind == "stress" and not all(s == "stress" or s.startswith("weekly-") for s in suites):
+        errors.append(f"{path}: stress tests must use stress/weekly suites")
+    return errors
+
+
+def registered_test_problems(repo: Path, changed: list[str], added: list[str]) -> list[str]:
+    """sglang's check_registered_tests.py over the tree's test/registered/ (the taxonomy rule
+    on the files the stack adds), its local hooks check-no-bare-pytest-main and
+    check-no-registered-tests-in-package, all over the tree's own parser."""
     # the tree's own parser, loaded from its file (stdlib only; importing the package would
     # import all of sglang)
     spec = importlib.util.spec_from_file_location(
@@ -94,31 +181,37 @@ def registered_test_problems(repo: Path, files: list[str]) -> list[str]:
     ci_register = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = ci_register  # dataclasses look their module up
     spec.loader.exec_module(ci_register)
-    HWBackend, ut_parse_one_file = ci_register.HWBackend, ci_register.ut_parse_one_file
+    cuda = ci_register.HWBackend.CUDA
 
     problems = []
-    for name in files:
-        path = repo / name
-        if not name.endswith(".py"):
-            continue
-        text = path.read_text()
+    for name in changed:
+        text = (repo / name).read_text() if name.endswith(".py") else ""
         if name.startswith("python/sglang/") and re.search(r"\bregister_\w+_ci\(", text):
             problems.append(f"{name}: registers a test inside the package")
-        if not name.startswith("test/registered/") or not path.name.startswith("test_"):
-            continue
-        registries, _ = ut_parse_one_file(str(path))
+    registered = sorted(
+        str(p.relative_to(repo))
+        for p in (repo / "test" / "registered").rglob("*.py")
+        if p.name not in ("conftest.py", "__init__.py")
+    )
+    for name in registered:
+        path = repo / name
+        registries, _ = ci_register.ut_parse_one_file(str(path))
         if not registries:
-            problems.append(f"{name}: registers for no CI suite")
-        if name.startswith(UNIT_DIR):
-            for reg in registries:
-                if reg.backend != HWBackend.CPU and "-unit-" not in reg.suite:
-                    problems.append(f"{name}: a unit test registered for {reg.backend.name} "
-                                    f"({reg.suite}); unit tests register CPU only")  # fmt: skip
-                if reg.est_time > MAX_UNIT_EST_TIME:
-                    problems.append(f"{name}: est_time {reg.est_time} > {MAX_UNIT_EST_TIME}")
-            if "popen_launch_server" in text:
-                problems.append(f"{name}: a unit test launches a server")
-        problems += [f"{name}: {p}" for p in main_entry_problems(path)]
+            problems.append(f"{name}: registers for no CI suite (move it to test/manual/)")
+            continue
+        module = ast.parse(path.read_text(), str(path))
+        if name in added:
+            problems += taxonomy_errors(name, registries, module)
+        if defines_testcase(module) and not main_runs_tests(module):
+            problems.append(f"{name}: defines TestCase classes its __main__ never runs")
+        for r in registries:
+            if r.backend == cuda and r.suite and r.stage is None and r.runner_config is None:
+                if r.suite.split("-", 1)[0] not in LEGACY_CUDA_PREFIXES:
+                    problems.append(
+                        f"{name}: legacy CUDA suite={r.suite!r}: use stage=/runner_config="
+                    )
+        if name in changed:
+            problems += [f"{name}: {p}" for p in main_entry_problems(path)]
     return problems
 
 
@@ -149,7 +242,7 @@ def lint_problems(repo: Path, tools: Path) -> list[str]:
     for name in changed:
         if CJK.search((repo / name).read_text(errors="replace")):
             problems.append(f"{name}: CJK characters")
-    found = registered_test_problems(repo, changed)
+    found = registered_test_problems(repo, changed, added)
     print(f"  registered-test rules: {'clean' if not found else 'FAILED'}")
     return problems + found
 

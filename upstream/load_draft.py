@@ -11,6 +11,8 @@ Usage (``upstream/run_tests.py`` runs it twice, in two processes)::
         python upstream/load_draft.py --out DIR --expect branch FIXTURE...
     # the patched tree with the plugin on (it must step aside: test/test_upstream_series.py)
     PYTHONPATH=.cache/upstream/sglang/python python upstream/load_draft.py --expect both ...
+    # stock sglang alone (the "before" of PR 1's text), with each projection's absmax
+    SGLANG_PLUGINS=none python upstream/load_draft.py --out DIR --expect stock --absmax FIXTURE
 
 Per checkpoint folder, through the project's ``tools/cpu_sglang.py`` (what ``verify`` builds
 with): sglang's ``ModelConfig`` of the draft (``is_draft_model=True``, as the draft worker
@@ -19,7 +21,7 @@ filled with NaN (so what no loader writes is the same on both sides), then
 ``DefaultModelLoader.load_weights_and_postprocess`` with ``_get_all_weights`` (the stream
 ``load_model`` hands the model). Writes ``DIR/<name>.safetensors`` (every parameter) or
 ``DIR/<name>.error`` (the exception), and ``DIR/side.json`` (which sglang, whether the
-plugin's hooks and the branch's module are present). sglang's plugin loader runs as in every
+plugin's hooks and PR 1's fix are present). sglang's plugin loader runs as in every
 sglang process; ``SGLANG_PLUGINS`` decides whether it loads this project's plugin.
 
 The CPU-only shims are the project's own (``sglang_mtp_dequant.tools.cpu_env``, as in the
@@ -73,47 +75,59 @@ def load_one(folder: str) -> dict[str, torch.Tensor]:
     }
 
 
+def start_sglang_process(folder: str) -> dict:
+    """This process as one of sglang's: its context published for ``folder``, a world of one,
+    the plugins loaded as sglang loads them. Returns which sglang it is and whether the plugin
+    hooked Qwen3.5's MTP ``load_weights``."""
+    import sglang
+    from sglang.srt.plugins import load_plugins
+
+    publish_context(folder, draft_path=folder)
+    init_world_size_one()
+    load_plugins()
+    from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
+
+    hooked = Qwen3_5ForCausalLMMTP.__dict__["load_weights"]
+    return {
+        "sglang": os.path.dirname(sglang.__file__),
+        "plugin_hooked": unwrapped(hooked) is not hooked,
+        "SGLANG_PLUGINS": os.environ.get("SGLANG_PLUGINS"),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--expect", choices=["plugin", "branch", "both"], required=True)
+    parser.add_argument("--expect", choices=["plugin", "branch", "both", "stock"], required=True)
+    parser.add_argument("--absmax", action="store_true", help="print each 2-D parameter's")
     parser.add_argument("folders", nargs="+")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
     logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
     ensure_torchvision_importable()
-    import sglang
     from safetensors.torch import save_file
     from sglang.srt.distributed import parallel_state
-    from sglang.srt.plugins import load_plugins
 
-    first = os.path.abspath(args.folders[0])
-    publish_context(first, draft_path=first)
-    init_world_size_one()
-    load_plugins()
-    from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
-
-    hooked = Qwen3_5ForCausalLMMTP.__dict__["load_weights"]
-    side = {
-        "sglang": os.path.dirname(sglang.__file__),
-        "plugin_hooked": unwrapped(hooked) is not hooked,
-        "branch_module": _has_branch_module(),
-        "SGLANG_PLUGINS": os.environ.get("SGLANG_PLUGINS"),
-    }
+    side = start_sglang_process(os.path.abspath(args.folders[0]))
+    side["branch_module"] = _has_branch_module()
     with open(os.path.join(args.out, "side.json"), "w") as f:
         json.dump(side, f, indent=1)
-    wanted = {"plugin": (True, False), "branch": (False, True), "both": (True, True)}[args.expect]
+    wanted = {"plugin": (True, False), "branch": (False, True), "both": (True, True)}.get(
+        args.expect, (False, False)
+    )
     if (side["plugin_hooked"], side["branch_module"]) != wanted:
         print(f"load_draft.py: expected the {args.expect} side, found {side}", file=sys.stderr)
         return 2
     for folder in args.folders:
         name = os.path.basename(os.path.normpath(folder))
         try:
-            save_file(
-                load_one(os.path.abspath(folder)), os.path.join(args.out, f"{name}.safetensors")
-            )
+            params = load_one(os.path.abspath(folder))
+            save_file(params, os.path.join(args.out, f"{name}.safetensors"))
             print(f"{args.expect}: {name}: loaded")
+            for key, value in params.items() if args.absmax else ():
+                if value.dim() >= 2 and not value.isnan().all():
+                    print(f"{args.expect}: {name}: {key} absmax {value.abs().max().item():.4g}")
         except Exception as exc:  # noqa: BLE001 - recorded for the comparison
             with open(os.path.join(args.out, f"{name}.error"), "w") as f:
                 f.write(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
@@ -124,15 +138,13 @@ def main() -> int:
 
 
 def _has_branch_module() -> bool:
-    """The stack's module, or what PR 1 alone defines in ``qwen3_5_mtp.py`` (its error type)."""
-    import importlib.util
+    """Whether this sglang has PR 1's fix (``upstream/series/``), asked the way the plugin
+    asks it: the module of Qwen3.5's own ``load_weights`` defines the fix's function."""
+    from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
 
-    from sglang.srt.models import qwen3_5_mtp
+    from sglang_mtp_dequant.serving.plugin import sglang_dequantizes_drafts
 
-    module = "sglang.srt.layers.quantization.modelslim.modelslim_draft"
-    return importlib.util.find_spec(module) is not None or hasattr(
-        qwen3_5_mtp, "ModelSlimDraftWeightError"
-    )
+    return sglang_dequantizes_drafts(unwrapped(Qwen3_5ForCausalLMMTP.load_weights))
 
 
 if __name__ == "__main__":

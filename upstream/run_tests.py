@@ -19,12 +19,17 @@ whole stack):
 2. ``pr1-baseline`` / ``baseline``: the same CPU files run the same way on a worktree of the
    baseline commit: must fail, and the output must show the bug (a draft parameter loaded with
    absmax 128.0: raw int8 codes) or stock sglang's own failure on a companion (KeyError).
-3. ``pr1-fixtures`` / ``fixtures``: every checkpoint in test/fixtures/modelslim/ with an MTP
-   draft (named by the package's own rules; for PR 1 the Qwen3.5 ones only): loaded by stock
-   sglang with the plugin and by the tree with the plugin off, in two processes
-   (``upstream/load_draft.py``); every draft parameter compared bit for bit. A draft whose
-   scheme the tree does not decode must be refused (``ModelSlimDraftWeightError``).
-4. ``e2e``: the server run (e2e/): runs ``$UPSTREAM_E2E`` (a shell command) with
+3. ``pr1-fixtures``: every msmodelslim checkpoint in test/fixtures/modelslim/ with a Qwen3.5 MTP
+   draft, loaded by stock sglang with the plugin and by PR 1's tree with the plugin off, in two
+   processes (``upstream/load_draft.py``); every draft parameter compared bit for bit where PR 1
+   decodes the draft (W8A8_DYNAMIC, FLOAT); any other integer scheme must be refused with a
+   ``ValueError`` naming the tensor; float8 drafts (not PR 1's) are listed, not compared.
+4. ``bf16``: no regression. BF16 checkpoints of every MTP/NextN draft class the tests build on
+   the CPU (``upstream/bf16_drafts.py``) loaded by stock sglang and by the tree at each step,
+   each with the plugin off and on: every parameter bit-identical to stock sglang without the
+   plugin. Every other MTP/NextN class sglang registers must have its ``load_weights`` in a file
+   no step changes (reported per class).
+5. ``e2e``: the server run (e2e/): runs ``$UPSTREAM_E2E`` (a shell command) with
    the whole stack on PYTHONPATH and SGLANG_PLUGINS=none, when set; says that it was not run
    otherwise.
 """
@@ -51,7 +56,9 @@ CPU_SUITE = "base-a-test-cpu"
 SITE = ROOT / "upstream" / "site"
 #: the targets whose draft PR 1 alone fixes (Qwen3.5 MTP; Qwen4-Exp inherits it)
 PR1_ARCHITECTURES = {"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"}
-BRANCH_TYPES = {"FLOAT", "W8A8_DYNAMIC", "W8A16", "W8A8", "W8A8_MIX"}
+#: what PR 1 decodes; float8 schemes it leaves to stock sglang (no shipped Qwen3.5 export known)
+PR1_TYPES = {"FLOAT", "W8A8_DYNAMIC"}
+FLOAT8_TYPES = {"WFP8AFP8_DYNAMIC", "W8A8_MXFP8"}
 #: target architecture -> the rule naming its draft's checkpoint tensors (the package's own)
 DRAFT_NAMES = {
     "Qwen3_5ForConditionalGeneration": mtp_prefix,
@@ -154,7 +161,9 @@ def step_baseline(repo: Path, base: dict, log: Path, tests_from: str, what: str)
 def fixture_folders(
     architectures: set[str] | None = None,
 ) -> tuple[list[Path], list[Path], dict[str, str]]:
-    """(covered, refused, skipped-with-reason) fixtures (of ``architectures`` only, if given)."""
+    """(covered, refused, skipped-with-reason) fixtures (of ``architectures`` only, if given):
+    covered where PR 1 decodes every draft tensor, refused where an integer scheme it does not
+    decode is present, skipped otherwise (other classes, float8 drafts)."""
     covered, refused, skipped = [], [], {}
     for folder in sorted(p for p in FIXTURES.iterdir() if (p / "config.json").is_file()):
         config = CheckpointConfig.read(str(folder))
@@ -171,7 +180,10 @@ def fixture_folders(
         if not types:  # never "covered" by an empty set
             skipped[folder.name] = f"{config.architecture}: no draft tensor in the description"
             continue
-        (covered if types <= BRANCH_TYPES else refused).append(folder)
+        if types & FLOAT8_TYPES:
+            skipped[folder.name] = f"{sorted(types)}: float8, left to stock sglang by PR 1"
+            continue
+        (covered if types <= PR1_TYPES else refused).append(folder)
     return covered, refused, skipped
 
 
@@ -235,11 +247,122 @@ def step_fixtures(
         for folder in refused:
             error = branch / f"{folder.name}.error"
             first = error.read_text().splitlines()[0] if error.exists() else ""
-            ok = first.startswith("ModelSlimDraftWeightError")
+            ok = first.startswith("ValueError: Cannot load mtp.")
             print(f"  {folder.name}: refused by the branch: {first[:160]}" if ok else
                   f"  {folder.name}: NOT refused by the branch")  # fmt: skip
             if not ok:
                 problems.append(f"{folder.name}: the branch did not refuse an undecodable draft")
+    return problems
+
+
+def _run_sides(sides: list[tuple[str, list[str], dict]], logs: Path, jobs: int = 2) -> dict:
+    """Run each (label, command, env) side, ``jobs`` at a time; returns their exit codes."""
+    codes, running, pending = {}, [], list(sides)
+    while pending or running:
+        while pending and len(running) < jobs:
+            label, cmd, env = pending.pop(0)
+            log = open(logs / f"bf16-{label}.log", "w")
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+            running.append((label, proc, log))
+        label, proc, log = running.pop(0)
+        codes[label] = proc.wait()
+        log.close()
+    return codes
+
+
+def step_bf16(repo: Path, base: dict, logs: Path) -> list[str]:
+    """BF16 checkpoints of every draft class: stock sglang, and the tree at each step (steps
+    whose ``python/sglang/srt`` is the same tree share one run), each with the plugin off and
+    on, load every parameter bit-identically to stock sglang with the plugin off."""
+    from safetensors.torch import load_file
+
+    sys.path.insert(0, str(ROOT / "test"))
+    from support.reference import same_bits
+
+    script = str(Path(__file__).resolve().parent / "bf16_drafts.py")
+    srt_trees: dict[str, list[str]] = {}
+    for name, _, until in tree.step_ranges(repo):
+        srt = tree.git(repo, "rev-parse", f"{until}:python/sglang/srt")
+        srt_trees.setdefault(srt, []).append(name)
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="upstream-bf16-") as tmp:
+        root, worktrees = Path(tmp), []
+        folders = root / "checkpoints"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SITE), str(ROOT / "test")]))
+        subprocess.run([sys.executable, script, "write", str(folders)], env=env, check=True,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+        python_dirs = {"stock": None}
+        for steps_ in srt_trees.values():
+            dest = root / f"tree-{steps_[0]}"
+            tree.worktree_at(repo, base, dest, tree.step_ref(steps_[0]))
+            worktrees.append(dest)
+            python_dirs["+".join(steps_)] = dest / "python"
+        sides, out = [], {}
+        for label, python_dir in python_dirs.items():
+            for plugin in ("none", "mtp_dequant"):
+                parts = [str(SITE), str(ROOT / "test")]
+                if python_dir is not None:
+                    parts.insert(0, str(python_dir))
+                env = dict(os.environ, PYTHONPATH=os.pathsep.join(parts), SGLANG_PLUGINS=plugin)
+                side = f"{label}.plugin-{'off' if plugin == 'none' else 'on'}"
+                out[side] = root / side
+                cmd = [sys.executable, script, "load", str(folders), str(out[side])]
+                sides.append((side, cmd, env))
+        print(f"[bf16] {len(sides)} sides (steps sharing one srt tree run once): "
+              + ", ".join(out))  # fmt: skip
+        started = time.perf_counter()
+        try:
+            codes = _run_sides(sides, logs)
+        finally:
+            for dest in worktrees:
+                tree.remove_worktree(repo, dest)
+        print(f"  {len(sides)} processes in {time.perf_counter() - started:.0f} s")
+        if any(codes.values()):
+            return [f"bf16_drafts.py exited {codes} (logs: {logs}/bf16-*.log)"]
+        reference = out["stock.plugin-off"]
+        cases = sorted(p.stem for p in reference.glob("*.safetensors"))
+        errors = sorted(p.name for p in reference.glob("*.error"))
+        if errors:
+            problems.append(f"stock sglang did not load {errors}")
+        for label, folder in out.items():
+            before = len(problems)
+            side = json.loads((folder / "side.json").read_text())
+            want_hooked = label.endswith("plugin-on")
+            if side["plugin_hooked"] != want_hooked:
+                problems.append(f"{label}: plugin hooked {side['plugin_hooked']}")
+            for case in cases:
+                got = folder / f"{case}.safetensors"
+                if not got.exists():
+                    problems.append(f"{label}: {case} not loaded")
+                    continue
+                left, right = load_file(str(reference / got.name)), load_file(str(got))
+                differing = sorted(k for k in left if k not in right
+                                   or not same_bits(left[k], right[k]))  # fmt: skip
+                if differing or set(right) != set(left):
+                    problems.append(f"{label}: {case} differs from stock: {differing[:5]}")
+            same = len(problems) == before
+            print(f"  {label}: {len(cases)} drafts, "
+                  f"{'bit-identical to stock' if same else 'DIFFER'}")  # fmt: skip
+        problems += _untouched_classes(repo, base, reference)
+    return problems
+
+
+def _untouched_classes(repo: Path, base: dict, reference: Path) -> list[str]:
+    """Every registered MTP/NextN class not loaded above: its ``load_weights`` is in a file
+    the stack does not change, so it loads as stock by construction."""
+    side = json.loads((reference / "side.json").read_text())
+    loaded = set(side["loaded_classes"])
+    changed = set(tree.git(repo, "diff", "--name-only", tree.TAG, base["branch"]).split())
+    problems, untouched = [], []
+    for cls, source in sorted(side["registered_drafts"].items()):
+        if cls in loaded:
+            continue
+        if f"python/sglang/{source}" in changed:
+            problems.append(f"{cls}: its load_weights ({source}) is changed by the stack, "
+                            "and no BF16 checkpoint of it is loaded here")  # fmt: skip
+        untouched.append(cls)
+    print(f"  loaded: {', '.join(sorted(loaded))}; registered MTP/NextN classes whose "
+          f"load_weights no step changes: {', '.join(untouched)}")  # fmt: skip
     return problems
 
 
@@ -256,7 +379,7 @@ def step_e2e(repo: Path) -> list[str]:
     return [] if code == 0 else [f"the e2e run exited {code}"]
 
 
-STEPS = "pr1-registered,pr1-baseline,pr1-fixtures,registered,baseline,fixtures,e2e"
+STEPS = "pr1-registered,pr1-baseline,pr1-fixtures,registered,baseline,bf16,e2e"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             "baseline": lambda: step_baseline(
                 repo, base, logs / "baseline.log", base["branch"], "the whole stack"
             ),
-            "fixtures": lambda: step_fixtures(repo, logs, "stack: the whole stack"),
+            "bf16": lambda: step_bf16(repo, base, logs),
             "e2e": lambda: step_e2e(repo),
         }
         problems = []

@@ -143,21 +143,16 @@ def bypassed() -> Iterator[None]:
 #: the module sglang's own fix adds for every draft class (upstream/stack/): where it exists,
 #: sglang dequantizes ModelSlim draft weights itself and the plugin steps aside
 UPSTREAM_FIX = "sglang.srt.layers.quantization.modelslim.modelslim_draft"
-#: what the first pull request alone (upstream/series/) defines in the module of the
+#: the function sglang's own fix (upstream/series/, PR 1) defines in the module of the
 #: ``load_weights`` it fixes (Qwen3.5's MTP, which Qwen4-Exp inherits)
-UPSTREAM_FIX_MARKER = "ModelSlimDraftWeightError"
+UPSTREAM_FIX_MARKER = "_load_mtp_w8a8_dequant_scales"
 
 
 def sglang_dequantizes_drafts(load_weights: Callable[..., Any] | None = None) -> bool:
-    """Whether this sglang has the fix itself (feature-detected, not by version): for every
-    draft class, or for the one whose (unwrapped) ``load_weights`` is given."""
-    try:
-        if importlib.util.find_spec(UPSTREAM_FIX) is not None:
-            return True
-    except ImportError:
-        pass
+    """Whether this sglang dequantizes the draft of the (unwrapped) ``load_weights`` given
+    itself (feature-detected, not by version): its module defines the fix's function."""
     module = sys.modules.get(getattr(load_weights, "__module__", None) or "")
-    return module is not None and hasattr(module, UPSTREAM_FIX_MARKER)
+    return callable(getattr(module, UPSTREAM_FIX_MARKER, None))
 
 
 def make_load_weights_hook(spec: DraftSpec) -> LoadWeightsHook:
