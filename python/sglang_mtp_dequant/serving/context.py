@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..formats.checkpoint import WeightSource
+from . import releases
 
 if TYPE_CHECKING:  # the record imports the stream and the guard; this module stays a leaf
     from .load_record import DraftLoad
@@ -44,12 +45,8 @@ class DraftLaunch:
 
 
 def sglang_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("sglang")
-    except Exception:  # noqa: BLE001 - not installed, or broken metadata
-        return "unknown"
+    """The installed sglang's version, or "unknown" (``releases.installed_version``)."""
+    return releases.installed_version()
 
 
 def mark_registered(target: str) -> None:

@@ -32,7 +32,7 @@ from ..errors import CheckpointFormatError
 from ..formats.checkpoint import Checkpoint, WeightSource
 from ..formats.naming import needles_of
 from ..formats.plan import DequantPlan
-from . import context, narrowing, sources
+from . import context, narrowing, releases, sources
 from .drafts import DRAFT_SPECS, DraftSpec, draft_dtype
 from .guard import WriteRecorder, check_loaded_draft
 from .load_record import DraftLoad
@@ -70,8 +70,14 @@ def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
 
     sglang's plugin loader only logs exceptions, so a hook target that cannot be resolved (another
     sglang version, a module that fails to import) is reported here with a WARNING naming it, the
-    sglang version and the module's own exception.
+    sglang version and the module's own exception. Below the supported sglang releases
+    (``releases.py``) it registers nothing and logs one WARNING naming the version and the
+    range; a draft family whose module this sglang does not have at all is skipped quietly.
     """
+    support = releases.installed()
+    if not support.supported:
+        logger.warning("%s", support.out_of_range())
+        return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     hooks: list[tuple[str, AroundHook, str | None]] = [
@@ -80,6 +86,9 @@ def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
     hooks += [(target, hook, None) for target, hook in sources.LOADER_HOOKS]
     for target, hook, class_name in hooks:
         if target in context.registered_targets():
+            continue
+        if class_name and releases.module_absent(target.rsplit(".", 2)[0]):
+            logger.debug("sglang-mtp-dequant: sglang %s has no %s", support.version, target)
             continue
         problem = unresolvable(target)
         if problem is not None:
