@@ -125,8 +125,9 @@ bench-draft-load: $(STAMP)
 # per release. COMPAT_RELEASES="0.5.14 0.5.18 0.5.23" for some; default: every tested release
 .PHONY: compat
 COMPAT_RELEASES ?=
+COMPAT_FLAGS ?=
 compat: $(E2E_STAMP)
-	$(VPY) compat/run.py $(COMPAT_RELEASES) --json .cache/compat/results.json
+	$(VPY) compat/run.py $(COMPAT_RELEASES) $(COMPAT_FLAGS) --json .cache/compat/results.json
 
 # ruff (lint + format check) and mypy, every function annotated (pyproject.toml [tool.mypy])
 LINT_STAMP := $(VENV)/.lint-installed

@@ -32,7 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -50,6 +50,7 @@ TESTS = (
     "test/integration/test_guard.py",
     "test/integration/test_releases.py",
 )
+QWEN35 = "sglang.srt.models.qwen3_5_mtp.Qwen3_5ForCausalLMMTP.load_weights"
 #: what a fresh process reports after sglang's own load_plugins(), as one JSON line
 PROBE = """
 import json, logging
@@ -82,6 +83,10 @@ class Row:
     run: int = 0
     seconds: float = 0.0
     problems: tuple[str, ...] = ()
+    #: native packages a draft module of this release failed to import (its hook WARNING)
+    missing_native: list[str] = field(default_factory=list)
+    #: who ran the tests ("make test": not here)
+    tests_by: str = "compat"
 
     @property
     def ok(self) -> bool:
@@ -91,10 +96,13 @@ class Row:
         server = f"{self.hooked}-hooks" + (
             f"+{self.plugin_warnings}-warnings" if self.plugin_warnings else ""
         )
+        if self.missing_native:
+            server += f"(no-{','.join(self.missing_native)})"
         verdict = "ok" if self.ok else "FAIL: " + "; ".join(self.problems)
         return (
             f"compat {self.release} server={server} doctor={self.doctor}({self.doctor_rc}) "
-            f"verify={self.verify}({self.verify_rc}) tests={self.passed}/{self.run} "
+            f"verify={self.verify}({self.verify_rc}) "
+            f"tests={self.passed}/{self.run if self.tests_by == 'compat' else self.tests_by} "
             f"{self.seconds:.0f}s {verdict}"
         )
 
@@ -156,6 +164,7 @@ def venv_for(release: str, root: str) -> str:
     base_site = _site(sys.executable)
     if _version_in(base_site, "sglang") == release:
         return sys.executable
+    root = os.path.abspath(root)  # the .pth lines are read from any working directory
     venv = os.path.join(root, "venvs", release)
     python = os.path.join(venv, "bin", "python")
     stamp = os.path.join(venv, ".compat-installed")
@@ -197,7 +206,10 @@ def _cli(python: str, command: list[str], log: str) -> tuple[str, int]:
         return "no-json", rc
 
 
-def check(release: str, root: str, keep_going: bool = True) -> Row:
+def check(release: str, root: str, base_tested: bool = False) -> Row:
+    """``release`` installed and checked (see the module docstring); ``base_tested``: the
+    release ``.venv`` holds had its tests run by ``make test`` already (CI), so they are not
+    run again here."""
     started = time.perf_counter()
     support = releases.Support(release, releases.release_of(release))
     row = Row(release, support.supported)
@@ -211,14 +223,23 @@ def check(release: str, root: str, keep_going: bool = True) -> Row:
     row.hooked, row.plugin_warnings = len(probe.get("hooked", ())), len(probe.get("warnings", ()))
     row.doctor, row.doctor_rc = _cli(python, ["doctor", FIXTURE], log)
     row.verify, row.verify_rc = _cli(python, ["verify", FIXTURE, "--reference", REFERENCE], log)
-    if support.supported:
+    if support.supported and base_tested and python == sys.executable:
+        row.tests_by = "make test"
+    elif support.supported:
         junit = os.path.join(root, "logs", f"{release}.junit.xml")
         rc, _ = _run(python, ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml",
                               junit, *TESTS], log)  # fmt: skip
         row.run, row.passed = _junit_counts(junit)
         if rc != 0 or row.run == 0:
             problems.append(f"tests rc {rc}")
-        if row.hooked == 0 or row.plugin_warnings:
+    if support.supported:
+        # Qwen3.5's draft hooked; a WARNING only for a draft module that fails its own import
+        # here (in some releases the GLM / DeepSeek modules import cutlass, a CUDA package)
+        unimportable = [w for w in probe.get("warnings", ()) if "failed: ModuleNotFoundError" in w]
+        row.missing_native = sorted(
+            set(re.findall(r"No module named '([^']+)'", str(unimportable)))
+        )
+        if QWEN35 not in probe.get("hooked", ()) or len(unimportable) != row.plugin_warnings:
             problems.append(f"plugin: {probe or 'probe failed'}")
         if (row.doctor, row.doctor_rc) != ("ok", 0):
             problems.append(f"doctor {row.doctor}")
@@ -253,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("releases", nargs="*", help="default: every tested release")
     parser.add_argument("--root", default=os.path.join(ROOT, ".cache", "compat"))
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument(
+        "--base-tested",
+        action="store_true",
+        help="do not rerun the tests in .venv's own release (make test ran them: CI)",
+    )
     args = parser.parse_args(argv)
     wanted = args.releases or list(releases.TESTED)
     for release in wanted:
@@ -261,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"compat: sglang releases {' '.join(wanted)} over {sys.prefix}", flush=True)
     rows = []
     for release in wanted:
-        row = check(release, args.root)
+        row = check(release, args.root, base_tested=args.base_tested)
         rows.append(row)
         print(row.line(), flush=True)
     took = time.perf_counter() - started

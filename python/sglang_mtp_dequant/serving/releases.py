@@ -35,6 +35,16 @@ MINIMUM = TESTED[0]
 NEWEST_TESTED = TESTED[-1]
 
 
+def since(release: str) -> tuple[str, ...]:
+    """The tested releases from ``release`` on (a name that appeared in it)."""
+    return TESTED[TESTED.index(release) :]
+
+
+def before(release: str) -> tuple[str, ...]:
+    """The tested releases before ``release`` (a name it changed or removed)."""
+    return TESTED[: TESTED.index(release)]
+
+
 def release_of(version: str) -> tuple[int, ...] | None:
     """The numeric release of a version string, e.g. ``"0.5.17.dev3+g1a2b"`` -> (0, 5, 17);
     None if it does not start with a number.

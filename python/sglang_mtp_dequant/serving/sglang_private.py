@@ -315,7 +315,7 @@ LEDGER: tuple[Private, ...] = (
         "published with the server args, not from the torch process group",
         how="publish_server_args passes SpawnRanks(world_rank) where it exists",
         remove_when="as runtime_context",
-        checked_in=releases.TESTED[releases.TESTED.index("0.5.21") :],
+        checked_in=releases.since("0.5.21"),
         where="sglang.srt.runtime_context.SpawnRanks",
     ),
     Private(
@@ -326,7 +326,7 @@ LEDGER: tuple[Private, ...] = (
         "ServerArgs itself holds the same fields (model_path, revision, download_dir, "
         "load_format, speculative_draft_model_path, ...)",
         remove_when="as runtime_context",
-        checked_in=releases.TESTED[releases.TESTED.index("0.5.17") :],
+        checked_in=releases.since("0.5.17"),
         where="sglang.srt.runtime_context.get_spec",
     ),
     Private(
@@ -335,7 +335,7 @@ LEDGER: tuple[Private, ...] = (
         how="published_server_args; in 0.5.14 server_args.get_global_server_args (retired, "
         "raising, from 0.5.20)",
         remove_when="as runtime_context",
-        checked_in=releases.TESTED[releases.TESTED.index("0.5.15") :],
+        checked_in=releases.since("0.5.15"),
         where="sglang.srt.runtime_context.get_server_args",
     ),
     Private(
@@ -346,7 +346,7 @@ LEDGER: tuple[Private, ...] = (
         remove_when="0.5.16 leaves the supported range",
         spelled=("get_global_server_args", "set_global_server_args_for_scheduler"),
         accessors=("published_server_args", "publish_server_args"),
-        checked_in=releases.TESTED[: releases.TESTED.index("0.5.17")],
+        checked_in=releases.before("0.5.17"),
         where="sglang.srt.server_args.set_global_server_args_for_scheduler",
     ),
     Private(
@@ -359,7 +359,7 @@ LEDGER: tuple[Private, ...] = (
         remove_when="0.5.20 leaves the supported range",
         spelled=("initialize_dp_attention",),
         accessors=("set_attention_dp_placement",),
-        checked_in=releases.TESTED[: releases.TESTED.index("0.5.21")],
+        checked_in=releases.before("0.5.21"),
         where="sglang.srt.layers.dp_attention.initialize_dp_attention",
     ),
 )
