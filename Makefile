@@ -119,6 +119,16 @@ bench-scaling: $(STAMP)
 bench-draft-load: $(STAMP)
 	$(VPY) benchmarks/bench_draft_load.py --json .cache/bench/draft_load.json
 
+# the sglang release matrix (compat/run.py): one small venv per release over .venv (that
+# sglang wheel --no-deps, its transformers pin), the activation, dense-scheme, guard and
+# release tests, load_plugins() in a fresh process, doctor and verify on a fixture; one line
+# per release. COMPAT_RELEASES="0.5.14 0.5.18 0.5.23" for some; default: every tested release
+.PHONY: compat
+COMPAT_RELEASES ?=
+COMPAT_FLAGS ?=
+compat: $(E2E_STAMP)
+	$(VPY) compat/run.py $(COMPAT_RELEASES) $(COMPAT_FLAGS) --json .cache/compat/results.json
+
 # ruff (lint + format check) and mypy, every function annotated (pyproject.toml [tool.mypy])
 LINT_STAMP := $(VENV)/.lint-installed
 
@@ -127,8 +137,8 @@ $(LINT_STAMP): $(STAMP) requirements/lint.txt
 	touch $(LINT_STAMP)
 
 lint: $(LINT_STAMP)
-	$(VENV)/bin/ruff check python test benchmarks upstream e2e
-	$(VENV)/bin/ruff format --check python test benchmarks upstream e2e
+	$(VENV)/bin/ruff check python test benchmarks upstream e2e compat
+	$(VENV)/bin/ruff format --check python test benchmarks upstream e2e compat
 	$(VENV)/bin/mypy python/sglang_mtp_dequant
 
 # -- the fix as a stack of sglang pull requests (upstream/BASE, upstream/series/, upstream/stack/)

@@ -27,6 +27,8 @@ FIXED = ("plugin", "branch")
 
 SHIM_MARK = "sglang-mtp-dequant e2e shim:"
 TREE_KERNELS = ("sgl_build_tree_kernel_triton ran", "verify_tree_greedy_triton ran")
+#: where a release keeps them (site/sitecustomize.py): sglang 0.5.23, or 0.5.17 to 0.5.22
+TREE_MODULES = ("sglang.kernels.ops.speculative.spec_tree", "sglang.srt.speculative.eagle_utils")
 #: the site shim's line for sglang's MoE experts computing one layer (``site/sitecustomize.py``)
 MOE_LINE = re.compile(
     re.escape(f"{SHIM_MARK} sglang.srt.layers.moe.fused_moe_native.moe_forward_native ran for ")
@@ -130,7 +132,7 @@ def _check_tree_shim(results: dict) -> list[str]:
             continue
         text = _log(result)
         for kernel in TREE_KERNELS:
-            if f"{SHIM_MARK} sglang.kernels.ops.speculative.spec_tree.{kernel}" not in text:
+            if not any(f"{SHIM_MARK} {module}.{kernel}" in text for module in TREE_MODULES):
                 failures.append(
                     f"{label}: the CPU tree shim did not take effect ('{kernel}' not logged): "
                     "sglang's greedy tree verification would be a silent no-op"

@@ -34,9 +34,22 @@ def test_install_into_sglang_environment_adds_only_this_package(tmp_path):
 def test_requirements_do_not_name_sglang():
     from importlib.metadata import requires
 
-    requirements = requires("sglang-mtp-dequant") or []
+    requirements = [r for r in requires("sglang-mtp-dequant") or [] if "extra ==" not in r]
     assert not [r for r in requirements if r.lower().startswith("sglang")]
     assert any(r.startswith("torch") for r in requirements)
+
+
+def test_the_supported_sglang_range_is_declared_in_metadata_and_readme():
+    """The range of serving/releases.py, stated where a user and a tool look: the ``sglang``
+    extra's floor (no upper bound: pip must never replace a newer sglang) and the README."""
+    from importlib.metadata import requires
+
+    from sglang_mtp_dequant.serving import releases
+
+    (extra,) = [r for r in requires("sglang-mtp-dequant") or [] if 'extra == "sglang"' in r]
+    assert extra.split(";")[0].strip() == f"sglang>={releases.MINIMUM}", extra
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as handle:
+        assert f"sglang {releases.range_text()}" in handle.read()
 
 
 def test_the_pinned_sglang_is_the_one_installed():
@@ -274,12 +287,13 @@ def test_sglangs_private_names_are_spelled_only_in_the_ledger():
     import ast
     import re
 
-    from sglang_mtp_dequant.serving import sglang_private
+    from sglang_mtp_dequant.serving import releases, sglang_private
     from sglang_mtp_dequant.serving.sglang_private import LEDGER
 
     owners: dict[str, set[str]] = {}  # token -> the paths that may spell it
     for entry in LEDGER:
-        assert entry.why and entry.how and entry.read_in and entry.remove_when, entry.name
+        assert entry.why and entry.how and entry.remove_when, entry.name
+        assert entry.checked_in and set(entry.checked_in) <= set(releases.TESTED), entry.name
         assert entry.spelled or not entry.accessors, f"{entry.name}: accessors of no spelling"
         for token in entry.spelled:
             assert token in entry.name, f"{entry.name} does not name {token}"

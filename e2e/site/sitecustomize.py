@@ -48,6 +48,7 @@ import e2e_shim_npu_ops
 from e2e_shim_hooks import after_import, say
 
 SPEC_TREE = "sglang.kernels.ops.speculative.spec_tree"
+EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
 #: the Triton implementations the XPU branch calls, each announced on its first call
 TRITON_TREE_FUNCTIONS = ("sgl_build_tree_kernel_triton", "verify_tree_greedy_triton")
 MOE_NATIVE = "sglang.srt.layers.moe.fused_moe_native"
@@ -62,7 +63,7 @@ def _announce_first_call(module, name: str) -> None:
     def announced(*args, **kwargs):
         if not called:
             called.append(True)
-            say(f"{SPEC_TREE}.{name} ran")
+            say(f"{module.__name__}.{name} ran")
         return original(*args, **kwargs)
 
     setattr(module, name, announced)
@@ -85,10 +86,14 @@ def _announce_first_call_per_layer(module, name: str) -> None:
 
 
 def _route_spec_tree(module) -> None:
+    """The module holding sglang's XPU branch and its Triton tree functions: ``spec_tree``
+    (sglang 0.5.23), or ``eagle_utils`` itself (0.5.17 to 0.5.22)."""
+    if not hasattr(module, TRITON_TREE_FUNCTIONS[0]):
+        return  # the branch is in the other module of this release
     module._is_xpu = True
     for name in TRITON_TREE_FUNCTIONS:
         _announce_first_call(module, name)
-    say(f"{SPEC_TREE} routed to sglang's Triton tree kernels (_is_xpu = True)")
+    say(f"{module.__name__} routed to sglang's Triton tree kernels (_is_xpu = True)")
 
 
 def _observe_moe(module) -> None:
@@ -101,6 +106,7 @@ def _install() -> None:
     ensure_torchvision_importable()
     sys.modules.update(vllm_placeholder())
     after_import(SPEC_TREE, _route_spec_tree)
+    after_import(EAGLE_UTILS, _route_spec_tree)
     after_import(MOE_NATIVE, _observe_moe)
     e2e_shim_npu_ops.install()
     e2e_shim_modelslim.install()

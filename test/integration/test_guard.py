@@ -307,7 +307,7 @@ def test_parameter_fed_by_raw_codes_is_refused_whatever_its_values(load_draft, d
     decoded is refused, whatever its values look like; a decoded one is not."""
     model = load_draft(fixture_dir("q35_dense_float_mtp"))
     params = dict(model.named_parameters())
-    packed = type(model).packed_modules_mapping
+    packed = getattr(type(model), "packed_modules_mapping", None)
     chosen = {n: params[n] for n in ("fc.weight", "model.norm.weight")}
     index = SourceIndex([Source("mtp.fc.weight", dtype)], packed)
     (finding,) = inspect_parameters(chosen, index)
@@ -326,7 +326,7 @@ def test_stock_load_of_every_dense_fixture_is_caught_with_its_sources(load_draft
     for name in DENSE_W8:
         folder = fixture_dir(name)
         model = load_draft(folder, plugin=False)
-        packed = type(model).packed_modules_mapping
+        packed = getattr(type(model), "packed_modules_mapping", None)
         index = SourceIndex(sources_from_checkpoint(open_checkpoint(folder)), packed)
         findings = inspect_parameters(_draft_own(model), index)
         assert [f.parameter for f in findings] == list(DENSE_PROJECTIONS), name
@@ -341,7 +341,8 @@ def test_stock_load_of_the_moe_fixture_is_caught_on_experts_and_qkv(load_draft):
     folder = fixture_dir("q35moe_w8a8_dynamic")
     model = load_draft(folder, plugin=False)
     index = SourceIndex(
-        sources_from_checkpoint(open_checkpoint(folder)), type(model).packed_modules_mapping
+        sources_from_checkpoint(open_checkpoint(folder)),
+        getattr(type(model), "packed_modules_mapping", None),
     )
     by_param = {f.parameter: f for f in inspect_parameters(_draft_own(model), index)}
     assert sorted(by_param) == [

@@ -14,6 +14,7 @@ import torch
 from sglang_mtp_dequant.serving.drafts import DraftSpec, mtp_prefix
 from sglang_mtp_dequant.serving.sglang_private import unwrapped
 from support.paths import fixture_dir
+from support.sglang_release import TARGET_FILLED
 
 
 def test_entry_point_is_installed_in_sglang_plugin_group():
@@ -122,7 +123,7 @@ def test_float_mtp_checkpoint_loads_bit_identical_and_silent(sglang_cpu, caplog)
     assert not [line for line in plugin_lines if line[0].startswith("sglang_mtp_dequant")]
     stock = dict(stock_model.named_parameters())
     for name, param in plugin_model.named_parameters():
-        if name == "lm_head.weight":  # shared from the target at serve time; never loaded here
+        if name in TARGET_FILLED:  # shared from the target at serve time; never loaded here
             continue
         assert torch.equal(param.view(torch.int16), stock[name].view(torch.int16)), name
 
@@ -160,7 +161,7 @@ def test_quantized_draft_requested_is_left_to_sglang(sglang_cpu, caplog, rmsnorm
     quantized = [n for n, p in plugin.items() if p.dtype == torch.int8]
     assert any("qkv_proj" in n for n in quantized) and any("gate_up_proj" in n for n in quantized)
     for name, param in stock.items():
-        if name == "lm_head.weight":
+        if name in TARGET_FILLED:
             continue
         assert torch.equal(param.view(torch.uint8), plugin[name].view(torch.uint8)), name
 
@@ -173,7 +174,16 @@ def test_quantized_draft_misbuilt_off_npu_is_refused(sglang_cpu, rmsnorm_restore
     from sglang_mtp_dequant.tools.cpu_sglang import sglang_weights
 
     folder = fixture_dir("q35_dense_w8a8_dynamic")
-    config, model = build_quantized_modelslim_draft(folder, npu=False)
+    default_dtype = torch.get_default_dtype()
+    try:
+        config, model = build_quantized_modelslim_draft(folder, npu=False)
+    except AttributeError as exc:
+        # sglang 0.5.14 gives that unmapped fused layer a ModelSlim method with no scheme and
+        # stops building the draft, loudly, before any weight loads: no misload to refuse
+        # (and its set_default_torch_dtype does not restore the dtype on an exception)
+        torch.set_default_dtype(default_dtype)
+        assert "'NoneType' object has no attribute 'create_weights'" in str(exc), exc
+        return
     unwrapped(type(model).load_weights)(model, sglang_weights(config, model))
     stock = dict(model.named_parameters())
     fused = next(n for n in stock if n.endswith("qkv_proj.weight"))

@@ -27,6 +27,7 @@ from sglang_mtp_dequant.tools.cpu_sglang import (
     ModelConfig,
     build_draft,
     draft_model_config,
+    join_attention_dp,
     publish_context,
 )
 
@@ -62,6 +63,7 @@ def join_parallel_world(
         distributed_init_method=f"tcp://127.0.0.1:{port}",
     )
     parallel_state.initialize_model_parallel(backend="gloo")
+    join_attention_dp()
 
 
 def new_draft(

@@ -20,6 +20,7 @@ import threading
 from dataclasses import dataclass
 
 from ..formats.checkpoint import WeightSource
+from . import releases
 
 #: hook targets registered in this process (``plugin.register()`` may run more than once)
 _registered: set[str] = set()
@@ -41,12 +42,8 @@ class DraftLaunch:
 
 
 def sglang_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("sglang")
-    except Exception:  # noqa: BLE001 - not installed, or broken metadata
-        return "unknown"
+    """The installed sglang's version, or "unknown" (``releases.installed_version``)."""
+    return releases.installed_version()
 
 
 def resolver_name() -> str:

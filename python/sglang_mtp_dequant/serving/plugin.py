@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import context
+from . import context, releases
 from .drafts import DRAFT_SPECS, DraftSpec
 from .load import LOADER_HOOKS, DraftLoad
 from .ray_setup import register_launch_guard
@@ -61,8 +61,14 @@ def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
 
     sglang's plugin loader only logs exceptions, so a hook target that cannot be resolved (another
     sglang version, a module that fails to import) is reported here with a WARNING naming it, the
-    sglang version and the module's own exception.
+    sglang version and the module's own exception. Below the supported sglang releases
+    (``releases.py``) it registers nothing and logs one WARNING naming the version and the
+    range; a draft family whose module this sglang does not have at all is skipped quietly.
     """
+    support = releases.installed()
+    if not support.supported:
+        logger.warning("%s", support.out_of_range())
+        return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     hooks: list[tuple[str, AroundHook, str | None]] = [
@@ -71,6 +77,9 @@ def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
     hooks += [(target, hook, None) for target, hook in LOADER_HOOKS]
     for target, hook, class_name in hooks:
         if target in context.registered_targets():
+            continue
+        if class_name and releases.module_absent(target.rsplit(".", 2)[0]):
+            logger.debug("sglang-mtp-dequant: sglang %s has no %s", support.version, target)
             continue
         problem = unresolvable(target)
         if problem is not None:

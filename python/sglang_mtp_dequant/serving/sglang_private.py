@@ -4,13 +4,16 @@ Usage::
 
     from .sglang_private import LEDGER, prepare_weights, patched_targets
     folder, files, use_safetensors = prepare_weights(loader, path, revision)
-    for entry in LEDGER: print(entry.name, entry.read_in, entry.remove_when)
+    for entry in LEDGER: print(entry.name, entry.checked_in, entry.remove_when)
 
 Why one module (what vllm-ascend's ``patch/__init__.py`` does for its patches): sglang has no
 stable API for "which files does the loader stream", "which experts does this rank keep" or
 "is this hook applied", so the package reaches into names sglang may rename in any release.
 Each such name is written here and nowhere else (``test/test_packaging.py`` checks it), with
-why it is needed, how it is used, the sglang version it was read in, and what would let it go.
+why it is needed, how it is used, the sglang releases it was checked in (``checked_in``: the
+release matrix runs each), and what would let it go. Where a name differs between supported
+releases, its accessor adapts by feature (a dev build between releases has one or the other),
+and the ledger lists each spelling with its releases.
 An sglang upgrade is then a review of this file and of ``sglang_public.py`` beside it, which
 lists the public sglang the package imports: names sglang documents as its plugin API
 (``HookRegistry.register``, ``HookType``, ``load_plugins``, the draft classes' public
@@ -23,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from . import releases
 
 
 @dataclass(frozen=True)
@@ -38,11 +43,17 @@ class Private:
     name: str
     why: str
     how: str
-    read_in: str
     remove_when: str
     spelled: tuple[str, ...] = ()
     accessors: tuple[str, ...] = ()
     also_spelled_in: tuple[str, ...] = ()
+    #: the sglang releases it was checked in: each release the matrix (``make compat``)
+    #: runs the package's tests, ``doctor`` and ``verify`` on (``releases.TESTED``); a name
+    #: that exists only in some of them has an adapter in its accessor
+    checked_in: tuple[str, ...] = releases.TESTED
+    #: a dotted path the release test resolves in the installed sglang when its release is in
+    #: ``checked_in`` (names that are not importable objects have none)
+    where: str | None = None
 
 
 _LOADER = "sglang.srt.model_loader.loader"
@@ -63,6 +74,7 @@ V2_LOADER_ATTRIBUTE = "_weight_loader"
 LEDGER: tuple[Private, ...] = (
     Private(
         name=PREPARE_WEIGHTS_TARGET,
+        where=PREPARE_WEIGHTS_TARGET,
         why="the folder and exact file list sglang streams (folder, HF snapshot of symlinks, "
         "hub id in a cache or --download-dir, ModelScope, index filtering) are only known "
         "inside it",
@@ -74,7 +86,6 @@ LEDGER: tuple[Private, ...] = (
         "generator first runs, i.e. inside load_weights): _prepare_weights globs only the first "
         "of those patterns that matches anything, so no list of files can be said with it, and "
         "it changes the hub download and index checks as well",
-        read_in="0.5.23",
         remove_when="sglang reports resolved weight files to plugins (e.g. a loader event) and "
         "lets a draft class name the weight files it needs",
         spelled=("_prepare_weights",),
@@ -82,57 +93,57 @@ LEDGER: tuple[Private, ...] = (
     ),
     Private(
         name=MTP_FILE_TARGET,
+        where=MTP_FILE_TARGET,
         why="GLM NextN checkpoints whose index omits mtp.safetensors get it added here",
         how="AROUND hook recording the returned file list; called by the CLI after "
         "_prepare_weights",
-        read_in="0.5.23",
         remove_when="as _prepare_weights",
         spelled=("maybe_add_mtp_safetensors",),
         accessors=("MTP_FILE_TARGET", "mtp_file_added"),
     ),
     Private(
         name=f"{_LOADER}.DefaultModelLoader._maybe_download_from_modelscope",
+        where=f"{_LOADER}.DefaultModelLoader._maybe_download_from_modelscope",
         why="the CLI must resolve a ModelScope id the way the server does (SGLANG_USE_MODELSCOPE)",
         how="called by the CLI only, before publishing sglang's context for the local folder",
-        read_in="0.5.23",
         remove_when="sglang exposes its path resolution as one public function",
         spelled=("_maybe_download_from_modelscope",),
         accessors=("modelscope_local_copy",),
     ),
     Private(
         name=f"{_LOADER}.DefaultModelLoader._get_all_weights",
+        where=f"{_LOADER}.DefaultModelLoader._get_all_weights",
         why="verify and the tests feed load_weights exactly the stream the server builds",
         how="called on a fresh DefaultModelLoader by the CPU tools (tools/cpu_sglang.py)",
-        read_in="0.5.23",
         remove_when="DefaultModelLoader offers a public weight iterator",
         spelled=("_get_all_weights",),
         accessors=("all_weights",),
     ),
     Private(
         name=f"{_LOADER}.DefaultModelLoader._get_weights_iterator",
+        where=f"{_LOADER}.DefaultModelLoader._get_weights_iterator",
         why="the stream for a path with no ModelConfig (a draft class built from a hand-made "
         "config in tests)",
         how="called by the CPU tools with DefaultModelLoader.Source(path, revision)",
-        read_in="0.5.23",
         remove_when="as _get_all_weights",
         spelled=("_get_weights_iterator",),
         accessors=("weights_iterator",),
     ),
     Private(
         name=f"{_LOADER}._initialize_model",
+        where=f"{_LOADER}._initialize_model",
         why="verify and the doctor's dry run build the draft class exactly as the loader does",
         how="called by the CPU tools under set_default_torch_dtype and a device context",
-        read_in="0.5.23",
         remove_when="a public 'build model without weights' in sglang",
         spelled=("_initialize_model",),
         accessors=("initialize_model",),
     ),
     Private(
         name=f"{_LOADER}._get_quantization_config",
+        where=f"{_LOADER}._get_quantization_config",
         why="the draft's quant config decides whether the plugin acts; the CPU tools must get "
         "the one the server gets",
         how="called by the CPU tools with the draft's ModelConfig and LoadConfig",
-        read_in="0.5.23",
         remove_when="as _initialize_model",
         spelled=("_get_quantization_config",),
         accessors=("quantization_config",),
@@ -147,10 +158,10 @@ LEDGER: tuple[Private, ...] = (
     ),
     Private(
         name="sglang.srt.plugins.hook_registry.HookRegistry._patched",
+        where="sglang.srt.plugins.hook_registry.HookRegistry._patched",
         why="whether a registered hook was really applied in this process (Ray workers, "
         "a failed apply)",
         how="read only, by the Ray launch check (ray_setup.py)",
-        read_in="0.5.23",
         remove_when="HookRegistry offers an is_applied(target) query",
         spelled=("_patched",),
         accessors=("patched_targets",),
@@ -162,7 +173,6 @@ LEDGER: tuple[Private, ...] = (
         "benchmarks and the upstream runner load stock with it and tell hooked from stock; "
         "the CLI switches the hook off instead, since a subclass override that calls super() "
         "reaches the hooked parent (tools/verify)",
-        read_in="0.5.23",
         remove_when="HookRegistry keeps a public map target -> original",
         spelled=("__wrapped__",),
         accessors=("unwrapped",),
@@ -173,11 +183,11 @@ LEDGER: tuple[Private, ...] = (
     ),
     Private(
         name=RAY_LAUNCH_TARGET,
+        where=RAY_LAUNCH_TARGET,
         why="sglang's Ray actors never call load_plugins(); the launch is the last moment "
         "the driver can make Ray run the plugin's setup hook in every worker",
         how="BEFORE hook that checks Ray's runtime env, initialising Ray with the hook or "
         "refusing the launch",
-        read_in="0.5.23",
         remove_when="sglang's SchedulerActor calls load_plugins()",
         spelled=("_launch_scheduler_processes",),
         accessors=("RAY_LAUNCH_TARGET",),
@@ -190,9 +200,9 @@ LEDGER: tuple[Private, ...] = (
     ),
     Private(
         name=f"FusedMoE.{EXPERT_MAP_METHOD}",
+        where=f"sglang.srt.layers.moe.fused_moe_triton.layer.FusedMoE.{EXPERT_MAP_METHOD}",
         why="under expert parallelism each rank decodes only the experts its FusedMoE keeps",
         how="called per expert id on the built draft's FusedMoE layers (ownership.py)",
-        read_in="0.5.23",
         remove_when="FusedMoE exposes the local expert set publicly",
         spelled=(EXPERT_MAP_METHOD,),
         accessors=("expert_map",),
@@ -201,13 +211,13 @@ LEDGER: tuple[Private, ...] = (
         name=f"parameter attribute {GLOBAL_EXPERTS_ATTRIBUTE}",
         why="a parameter that holds every expert on every rank: every expert must be decoded",
         how="read with getattr on FusedMoE's own parameters",
-        read_in="0.5.23",
         remove_when="as the expert map",
         spelled=(GLOBAL_EXPERTS_ATTRIBUTE,),
         accessors=("holds_global_experts", "GLOBAL_EXPERTS_ATTRIBUTE"),
     ),
     Private(
-        name="sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments",
+        name="sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments (through "
+        "0.5.18 ServerArgs._handle_model_specific_adjustments)",
         why="its DSA branch (DeepSeek-V3.2, GLM-5; and the overrides _dsa_kv_cache_dtype_default, "
         "_dsa_split_backend_resolution) calls torch.cuda.get_device_capability() whenever the "
         "platform is not NPU/XPU, which raises on a CPU box: the CPU tools could not publish a "
@@ -215,16 +225,15 @@ LEDGER: tuple[Private, ...] = (
         how="not called: the CPU tools answer torch.cuda.get_device_capability() with (0, 0) "
         "while they publish (tools/cpu_env.cuda_capability_answered); the serving plugin never "
         "does",
-        read_in="0.5.23",
         remove_when="sglang's DSA adjustment checks torch.cuda.is_available() first",
     ),
     Private(
         name="sglang.srt.layers.rotary_embedding.factory.get_rope_cpu",
+        where="sglang.srt.layers.rotary_embedding.factory.get_rope_cpu",
         why="sglang's CPU rope asserts deepseek_yarn scaling; the DSA indexer of GLM-5 (default "
         "rope) takes that branch on a CPU box, so its draft class cannot be built there",
         how="swapped, while the CPU tools build a draft, for a function that builds any other "
         "rope with sglang's generic factory.get_rope (tools/cpu_env.generic_rope_on_cpu)",
-        read_in="0.5.23",
         remove_when="sglang's CPU rope supports every rope type",
         spelled=("get_rope_cpu",),
         accessors=("cpu_rope_builder", "set_cpu_rope_builder", "generic_rope_builder"),
@@ -238,13 +247,13 @@ LEDGER: tuple[Private, ...] = (
         how="the module global is_npu answers True while the doctor builds the draft on the "
         "meta device (tools/cpu_env.npu_quantization_rule); it is read there only by that "
         "clause (and in forward, never run)",
-        read_in="0.5.23",
         remove_when="sglang exposes the draft's quantization decision as a function",
         spelled=("is_npu",),
         accessors=("NPU_RULE_MODULES", "draft_module_is_npu", "set_draft_module_is_npu"),
     ),
     Private(
         name=f"{_LOADER}._is_npu",
+        where=f"{_LOADER}._is_npu",
         why="_get_quantization_config adds the nested packed-module mapping that "
         "ModelSlimConfig.get_quant_method reads for the fused qkv_proj / gate_up_proj only when "
         "it is True; off NPU those layers get no ModelSlim scheme and take the raw int8 codes "
@@ -252,7 +261,6 @@ LEDGER: tuple[Private, ...] = (
         how="answers True while the CPU tools build (or load) a draft as on NPU "
         "(tools/cpu_env.npu_quantization_rule); that function's only other use of it skips the "
         "CUDA capability check, which a CPU does not need",
-        read_in="0.5.23",
         remove_when="sglang applies its packed-module mapping on every platform",
         spelled=("_is_npu",),
         accessors=("loader_is_npu", "set_loader_is_npu"),
@@ -260,11 +268,11 @@ LEDGER: tuple[Private, ...] = (
     ),
     Private(
         name="sglang.srt.plugins._get_excluded_dists",
+        where="sglang.srt.plugins._get_excluded_dists",
         why="the CLI tells the user whether sglang would load this plugin in their environment "
         "(SGLANG_PLATFORM excludes the plugins of unselected platform packages)",
         how="called by the CLI (tools/activation.py), its result passed to sglang's public "
         "load_plugins_by_group",
-        read_in="0.5.23",
         remove_when="sglang exposes 'which plugins would load' publicly",
         spelled=("_get_excluded_dists",),
         accessors=("excluded_plugin_dists",),
@@ -276,7 +284,6 @@ LEDGER: tuple[Private, ...] = (
         "BasevLLMParameter, whose weight_loader is a read-only property over this attribute",
         how="swapped for a wrapper that calls the original with the same arguments, and "
         "restored when load_weights returns (guard/writes.py, through swap_weight_loader)",
-        read_in="0.5.23",
         remove_when="sglang reports parameter writes to plugins, or the property gets a setter",
         spelled=(V2_LOADER_ATTRIBUTE,),
         accessors=("swap_weight_loader",),
@@ -286,11 +293,14 @@ LEDGER: tuple[Private, ...] = (
         "SpawnRanks)",
         why="the draft's launch path, revision and --download-dir inside a scheduler; the CPU "
         "tools publish a context as the scheduler does before building a class",
-        how="read in the server (context.draft_launch); published by the CPU tools",
-        read_in="0.5.23",
+        how="read in the server (context.draft_launch); published by the CPU tools. Per "
+        "release (the entries below): publish with SpawnRanks from 0.5.21, publish and "
+        "get_model/get_spec from 0.5.17, get_server_args from 0.5.15; the module itself from "
+        "0.5.14",
         remove_when="load_weights receives its load config",
         spelled=("runtime_context",),
         accessors=("published_server_args", "draft_server_args", "publish_server_args"),
+        where="sglang.srt.runtime_context.get_parallel",
         also_spelled_in=(
             # the rank tests read each rank's parallel context (get_parallel), which the
             # package never reads, and play the tokenizer's part (publish(role="tokenizer"))
@@ -298,6 +308,59 @@ LEDGER: tuple[Private, ...] = (
             "test/integration/test_processes.py",
             "test/integration/test_ray.py",
         ),
+    ),
+    Private(
+        name="sglang.srt.runtime_context.SpawnRanks (publish(..., ranks=))",
+        why="from 0.5.21 VocabParallelEmbedding and FusedMoE read their rank from the ranks "
+        "published with the server args, not from the torch process group",
+        how="publish_server_args passes SpawnRanks(world_rank) where it exists",
+        remove_when="as runtime_context",
+        checked_in=releases.since("0.5.21"),
+        where="sglang.srt.runtime_context.SpawnRanks",
+    ),
+    Private(
+        name="sglang.srt.runtime_context.publish, get_model, get_spec",
+        why="0.5.17 split the server args into config bags; get_spec() is where the draft's "
+        "path and quantization are read",
+        how="publish_server_args / draft_server_args where they exist; before 0.5.17 the "
+        "ServerArgs itself holds the same fields (model_path, revision, download_dir, "
+        "load_format, speculative_draft_model_path, ...)",
+        remove_when="as runtime_context",
+        checked_in=releases.since("0.5.17"),
+        where="sglang.srt.runtime_context.get_spec",
+    ),
+    Private(
+        name="sglang.srt.runtime_context.get_server_args",
+        why="the published ServerArgs (the CLI publishes only once, and reads it back)",
+        how="published_server_args; in 0.5.14 server_args.get_global_server_args (retired, "
+        "raising, from 0.5.20)",
+        remove_when="as runtime_context",
+        checked_in=releases.since("0.5.15"),
+        where="sglang.srt.runtime_context.get_server_args",
+    ),
+    Private(
+        name="sglang.srt.server_args.get_global_server_args, set_global_server_args_for_scheduler",
+        why="sglang 0.5.14 keeps the published ServerArgs in a module global",
+        how="published_server_args / publish_server_args where runtime_context lacks "
+        "get_server_args / publish (0.5.14-0.5.16 for publishing, 0.5.14 for reading)",
+        remove_when="0.5.16 leaves the supported range",
+        spelled=("get_global_server_args", "set_global_server_args_for_scheduler"),
+        accessors=("published_server_args", "publish_server_args"),
+        checked_in=releases.before("0.5.17"),
+        where="sglang.srt.server_args.set_global_server_args_for_scheduler",
+    ),
+    Private(
+        name="sglang.srt.layers.dp_attention.initialize_dp_attention(server_args, model_config)",
+        why="through 0.5.20 the model runner sets the attention-DP placement from the torch "
+        "process group, and every layer's communicator reads it while the class is built: the "
+        "CPU tools must set it as the runner does",
+        how="set_attention_dp_placement calls it when its signature takes model_config (from "
+        "0.5.21 the placement is derived from the published SpawnRanks)",
+        remove_when="0.5.20 leaves the supported range",
+        spelled=("initialize_dp_attention",),
+        accessors=("set_attention_dp_placement",),
+        checked_in=releases.before("0.5.21"),
+        where="sglang.srt.layers.dp_attention.initialize_dp_attention",
     ),
 )
 
@@ -383,27 +446,76 @@ def holds_global_experts(param: Any) -> bool:
 
 
 def published_server_args() -> Any | None:
-    """The ServerArgs published in this process (a scheduler, or the CLI), or None."""
-    from sglang.srt.runtime_context import get_server_args
+    """The ServerArgs published in this process (a scheduler, or the CLI), or None.
 
+    ``runtime_context.get_server_args`` from sglang 0.5.15; in 0.5.14 the same slot is
+    ``server_args.get_global_server_args`` (from 0.5.20 that name only raises, retired)."""
+    from sglang.srt import runtime_context
+
+    getter: Any = getattr(runtime_context, "get_server_args", None)
+    if getter is None:
+        from sglang.srt import server_args
+
+        getter = server_args.get_global_server_args
     try:
-        return get_server_args()
+        return getter()
     except ValueError:
         return None
 
 
 def draft_server_args() -> tuple[Any, Any]:
-    """``(model args, speculative args)`` of the published context; raises outside sglang."""
-    from sglang.srt.runtime_context import get_model, get_spec
+    """``(model args, speculative args)`` of the published context; raises outside sglang.
 
-    return get_model(), get_spec()
+    From sglang 0.5.17 the ``runtime_context`` config bags ``get_model()`` / ``get_spec()``;
+    before, the published ServerArgs holds the same fields under the same names."""
+    from sglang.srt import runtime_context
+
+    if hasattr(runtime_context, "get_spec"):
+        return runtime_context.get_model(), runtime_context.get_spec()
+    server_args = published_server_args()
+    if server_args is None:
+        raise ValueError("no sglang server arguments published in this process")
+    return server_args, server_args
 
 
 def publish_server_args(server_args: Any, role: str, world_rank: int) -> None:
-    """Publish ``server_args`` the way ``run_scheduler_process`` does."""
-    from sglang.srt.runtime_context import SpawnRanks, publish
+    """Publish ``server_args`` the way ``run_scheduler_process`` does.
 
-    publish(server_args, role=role, ranks=SpawnRanks(world_rank=world_rank))
+    sglang 0.5.21+: ``publish(..., ranks=SpawnRanks(world_rank))`` (VocabParallelEmbedding
+    and FusedMoE read their rank from it); 0.5.17-0.5.20: ``publish(args, role=...)`` (ranks
+    come from the torch process group); 0.5.14-0.5.16: ``set_global_server_args_for_scheduler``
+    (0.5.15-0.5.16 store it in ``runtime_context``, 0.5.14 in a module global)."""
+    from sglang.srt import runtime_context
+
+    if hasattr(runtime_context, "SpawnRanks"):
+        ranks = runtime_context.SpawnRanks(world_rank=world_rank)
+        runtime_context.publish(server_args, role=role, ranks=ranks)
+    elif hasattr(runtime_context, "publish"):
+        runtime_context.publish(server_args, role=role)
+    else:
+        from sglang.srt.server_args import set_global_server_args_for_scheduler
+
+        set_global_server_args_for_scheduler(server_args)
+
+
+def set_attention_dp_placement(server_args: Any, hidden_size: int, dtype: Any) -> None:
+    """Set sglang's attention-DP placement for this process as its model runner does.
+
+    Through sglang 0.5.20 ``initialize_dp_attention(server_args, model_config)`` computes it
+    from the torch process group (the model runner calls it after joining the parallel world;
+    every layer's communicator reads it while the class is built); from 0.5.21 it is derived
+    from the published ``SpawnRanks`` and nothing is to be done. Of the model config it reads
+    only ``hf_config.hybrid_override_pattern`` (NemotronH) and the hidden size and dtype of a
+    buffer used in forward, which the CPU tools never run."""
+    import inspect
+    from types import SimpleNamespace
+
+    from sglang.srt.layers import dp_attention
+
+    if "model_config" not in inspect.signature(dp_attention.initialize_dp_attention).parameters:
+        return
+    model_config = SimpleNamespace(hf_config=None, hidden_size=hidden_size, dtype=dtype)
+    dp_attention.initialize_dp_attention(server_args, model_config)
 
 
 def excluded_plugin_dists() -> set[str]:

@@ -76,6 +76,8 @@ def resolve_offline(
                 asked = _local_copy(loader, path, revision)
                 publish(asked)
             folder, files, use_safetensors = sglang_private.prepare_weights(loader, asked, revision)
+    except ImportError:  # sglang's own (a name this release lacks): not the checkpoint's
+        raise
     except Exception as exc:  # noqa: BLE001 - huggingface_hub, modelscope and sglang errors
         where = f" (nor in --download-dir {download_dir})" if download_dir else ""
         at = f" at revision {revision!r}" if revision else ""

@@ -32,7 +32,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ..errors import CheckpointFormatError, DraftWeightError
-from .verdicts import ERROR, EXIT_CODES, help_text
+from .sglang_support import import_failure, sglang_answer, too_old_sglang
+from .verdicts import ERROR, EXIT_CODES, NEEDS_SGLANG, SGLANG_BROKEN, help_text
 
 if TYPE_CHECKING:  # imported when used: the CLI answers --help without them
     from .launch import Launch
@@ -139,15 +140,24 @@ def main(argv: list[str] | None = None) -> int:
     if early is not None:
         print(early)
         return EXIT_CODES[ERROR]
+    too_old = too_old_sglang()
+    if too_old is not None:
+        print(sglang_answer(args.command, args.path, NEEDS_SGLANG, too_old, args.json, None))
+        return EXIT_CODES[NEEDS_SGLANG]
     log = None if args.verbose else (os.path.abspath(args.log) if args.log else _new_log(args))
     with _sglang_output(log) as say:
-        launch, wrong = _launch(args)
-        if wrong is not None:
-            code, text = EXIT_CODES[ERROR], _usage_answer(args, wrong, log)
-        elif args.command == "doctor":
-            code, text = _doctor(args, log, launch)
-        else:
-            code, text = _verify(args, say, log, launch)
+        try:
+            launch, wrong = _launch(args)
+            if wrong is not None:
+                code, text = EXIT_CODES[ERROR], _usage_answer(args, wrong, log)
+            elif args.command == "doctor":
+                code, text = _doctor(args, log, launch)
+            else:
+                code, text = _verify(args, say, log, launch)
+        except ImportError as exc:  # sglang's own import, never a checkpoint problem
+            why = import_failure(exc)
+            code = EXIT_CODES[SGLANG_BROKEN]
+            text = sglang_answer(args.command, args.path, SGLANG_BROKEN, why, args.json, log)
     print(text)
     if log is not None:
         print(f"(sglang's own output: {log})", file=sys.stderr)

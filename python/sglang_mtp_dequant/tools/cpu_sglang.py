@@ -58,7 +58,16 @@ def init_world_size_one() -> None:
         distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
     )
     parallel_state.initialize_model_parallel(backend="gloo")
+    join_attention_dp()
     _DIST_READY = True
+
+
+def join_attention_dp() -> None:
+    """sglang's attention-DP placement for the published server arguments, as its model
+    runner sets it after joining the parallel world (needed through sglang 0.5.20)."""
+    sglang_private.set_attention_dp_placement(
+        sglang_private.published_server_args(), hidden_size=1, dtype=torch.bfloat16
+    )
 
 
 def publish_context(model_path: str, draft_path: str | None = None, **server_args: Any) -> None:

@@ -16,6 +16,8 @@ ERROR = "error"
 UNCHECKED = "unchecked"
 UNSUPPORTED = "unsupported"
 INACTIVE = "inactive"
+NEEDS_SGLANG = "needs-sglang"
+SGLANG_BROKEN = "sglang-broken"
 
 #: versions of the JSON layouts ``doctor --json`` and ``verify --json`` write
 DOCTOR_SCHEMA_VERSION = 3
@@ -24,7 +26,15 @@ VERIFY_SCHEMA_VERSION = 1
 #: argparse's own exit status for a usage error
 USAGE_EXIT = 2
 
-EXIT_CODES = {OK: 0, ERROR: 1, UNCHECKED: 3, UNSUPPORTED: 4, INACTIVE: 5}
+EXIT_CODES = {
+    OK: 0,
+    ERROR: 1,
+    UNCHECKED: 3,
+    UNSUPPORTED: 4,
+    INACTIVE: 5,
+    NEEDS_SGLANG: 6,
+    SGLANG_BROKEN: 7,
+}
 
 MEANINGS = {
     OK: "the draft loads as correct weights (the plugin decodes what needs decoding)",
@@ -35,6 +45,10 @@ MEANINGS = {
     "does not hook (not supported yet)",
     INACTIVE: "the draft needs the plugin, but sglang in this environment would not load it "
     "(SGLANG_PLUGINS, or the package's entry point missing)",
+    NEEDS_SGLANG: "the installed sglang is older than the releases this command supports; "
+    "nothing was checked",
+    SGLANG_BROKEN: "sglang itself failed to import something the command needs (its error is "
+    "given): a problem of the sglang installation, not of the checkpoint; nothing was checked",
 }
 
 
