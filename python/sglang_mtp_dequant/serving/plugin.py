@@ -32,7 +32,7 @@ from ..errors import CheckpointFormatError
 from ..formats.checkpoint import Checkpoint, WeightSource
 from ..formats.naming import needles_of
 from ..formats.plan import DequantPlan
-from . import context, narrowing, sources
+from . import context, narrowing, sources, target_layers
 from .drafts import DRAFT_SPECS, DraftSpec, draft_dtype
 from .guard import WriteRecorder, check_loaded_draft
 from .load_record import DraftLoad
@@ -98,6 +98,7 @@ def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
             continue
         HookRegistry.register(target, hook, HookType.AROUND)
         context.mark_registered(target)
+    target_layers.register()
     register_launch_guard()
 
 

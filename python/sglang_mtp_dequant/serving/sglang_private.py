@@ -51,6 +51,9 @@ _LOADER = "sglang.srt.model_loader.loader"
 PREPARE_WEIGHTS_TARGET = f"{_LOADER}.DefaultModelLoader._prepare_weights"
 #: ``maybe_add_mtp_safetensors`` (module-level but undocumented), observed the same way
 MTP_FILE_TARGET = f"{_LOADER}.maybe_add_mtp_safetensors"
+#: ``_get_quantization_config`` and ``_initialize_model``, AROUND hooks (``target_layers.py``)
+QUANTIZATION_CONFIG_TARGET = f"{_LOADER}._get_quantization_config"
+INITIALIZE_MODEL_TARGET = f"{_LOADER}._initialize_model"
 #: ``RayEngine._launch_scheduler_processes``, a BEFORE hook (``ray_setup.py``)
 RAY_LAUNCH_TARGET = "sglang.srt.ray.engine.RayEngine._launch_scheduler_processes"
 #: ``FusedMoE._map_global_expert_id_to_local_expert_id``: global expert id -> local or -1
@@ -119,23 +122,30 @@ LEDGER: tuple[Private, ...] = (
         accessors=("weights_iterator",),
     ),
     Private(
-        name=f"{_LOADER}._initialize_model",
-        why="verify and the doctor's dry run build the draft class exactly as the loader does",
-        how="called by the CPU tools under set_default_torch_dtype and a device context",
+        name=INITIALIZE_MODEL_TARGET,
+        why="verify and the doctor's dry run build the draft class exactly as the loader does; "
+        "right after it builds a model, and before any weight is read, is where linear layers "
+        "built unquantized over quantized ModelSlim codes can be found",
+        how="called by the CPU tools under set_default_torch_dtype and a device context; an "
+        "AROUND hook (target_layers.py) checks the model it returns and passes it through",
         read_in="0.5.23",
         remove_when="a public 'build model without weights' in sglang",
         spelled=("_initialize_model",),
-        accessors=("initialize_model",),
+        accessors=("INITIALIZE_MODEL_TARGET", "initialize_model"),
     ),
     Private(
-        name=f"{_LOADER}._get_quantization_config",
+        name=QUANTIZATION_CONFIG_TARGET,
         why="the draft's quant config decides whether the plugin acts; the CPU tools must get "
-        "the one the server gets",
-        how="called by the CPU tools with the draft's ModelConfig and LoadConfig",
+        "the one the server gets; on NPU it writes the nested packed-module mapping "
+        "ModelSlimConfig reads, which lacks some fused layers of the model class (Qwen3.5's "
+        "in_proj_qkvz / in_proj_ba)",
+        how="called by the CPU tools with the draft's ModelConfig and LoadConfig; an AROUND hook "
+        "(target_layers.py) adds the class's missing packed names to the nested mapping of the "
+        "config it returns, only where the description quantizes their shards",
         read_in="0.5.23",
         remove_when="as _initialize_model",
         spelled=("_get_quantization_config",),
-        accessors=("quantization_config",),
+        accessors=("QUANTIZATION_CONFIG_TARGET", "quantization_config"),
         also_spelled_in=(
             # the e2e server's shim wraps it (it runs inside sglang's server, before the
             # plugin loads), its log line is what the e2e checks look for, and its test calls
@@ -244,6 +254,18 @@ LEDGER: tuple[Private, ...] = (
         accessors=("NPU_RULE_MODULES", "draft_module_is_npu", "set_draft_module_is_npu"),
     ),
     Private(
+        name="sglang.srt.layers.quantization.modelslim.modelslim.ModelSlimConfig."
+        "_resolve_quant_prefix",
+        why="the checkpoint name ModelSlimConfig looks a layer's scheme up under (its "
+        "language_model. and block_sparse_moe variants): the build-time check of target layers "
+        "must read the description entry sglang read",
+        how="called with a shard's prefix on the config sglang built (target_layers.py)",
+        read_in="0.5.23",
+        remove_when="ModelSlimConfig exposes its layer-to-description lookup publicly",
+        spelled=("_resolve_quant_prefix",),
+        accessors=("resolve_quant_prefix",),
+    ),
+    Private(
         name=f"{_LOADER}._is_npu",
         why="_get_quantization_config adds the nested packed-module mapping that "
         "ModelSlimConfig.get_quant_method reads for the fused qkv_proj / gate_up_proj only when "
@@ -335,6 +357,12 @@ def quantization_config(model_config: Any, load_config: Any) -> Any:
     from sglang.srt.model_loader.loader import _get_quantization_config
 
     return _get_quantization_config(model_config, load_config)
+
+
+def resolve_quant_prefix(quant_config: Any, prefix: str) -> str:
+    """The prefix under which ``ModelSlimConfig`` finds ``prefix``'s description entry."""
+    resolve = getattr(quant_config, "_resolve_quant_prefix", None)
+    return resolve(prefix) if callable(resolve) else prefix
 
 
 def patched_targets() -> frozenset[str]:

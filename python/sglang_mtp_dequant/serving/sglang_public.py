@@ -46,8 +46,20 @@ PUBLIC_IMPORTS: tuple[PublicImport, ...] = (
     PublicImport(
         module="sglang.srt.plugins.hook_registry",
         names=("HookRegistry", "HookType"),
-        used_in=("serving/plugin.py", "serving/ray_setup.py"),
+        used_in=("serving/plugin.py", "serving/ray_setup.py", "serving/target_layers.py"),
         why="the documented plugin API the hooks are registered with",
+    ),
+    PublicImport(
+        module="sglang.srt.layers.linear",
+        names=("LinearBase",),
+        used_in=("serving/target_layers.py",),
+        why="the base of every linear layer whose quantization method sglang chose",
+    ),
+    PublicImport(
+        module="sglang.srt.layers.quantization.unquant",
+        names=("UnquantizedLinearMethod",),
+        used_in=("serving/target_layers.py",),
+        why="the method a linear layer gets when no quantization scheme takes it",
     ),
     PublicImport(
         module="sglang.srt.environ",
