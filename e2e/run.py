@@ -410,12 +410,17 @@ def check_transformers(results: dict[str, RunResult], prompts, args) -> list[str
     return failures
 
 
-def target_agreement(results: dict[str, RunResult]) -> dict | None:
-    """How many of the quantized target's tokens (``reference``) are the float target's
-    (``float_reference``), position by position, and where each prompt first leaves them: a
-    figure, not a bound (a W8A8 target may rightly differ; raw codes loaded as weights do not
-    come close)."""
-    quantized, floating = results.get("reference"), results.get("float_reference")
+#: target_agree's parts: the run without speculation whose tokens are set against the float
+#: target's, stock sglang's and the plugin's
+TARGET_AGREE = {"stock": "stock_reference", "plugin": "reference"}
+
+
+def target_agreement(results: dict[str, RunResult], label: str = "reference") -> dict | None:
+    """How many of the quantized target's tokens (``label``: ``reference`` with the plugin,
+    ``stock_reference`` without) are the float target's (``float_reference``), position by
+    position, and where each prompt first leaves them: a figure, not a bound (a W8A8 target may
+    rightly differ; raw codes loaded as weights do not come close)."""
+    quantized, floating = results.get(label), results.get("float_reference")
     if quantized is None or floating is None:
         return None
     pairs = list(zip(floating.generations, quantized.generations, strict=True))
@@ -500,6 +505,11 @@ def last_line(args, plan: Plan, by_label: dict[str, RunResult], bars: Bars, pair
         )
     if args.tp_size != 1:
         line += f" tp_size={args.tp_size}"
+    agree = {name: target_agreement(by_label, label) for name, label in TARGET_AGREE.items()}
+    if all(agree.values()):
+        line += " target_agree " + " ".join(
+            f"{name}={a['equal']}/{a['total']}" for name, a in agree.items() if a
+        )
     return line
 
 
@@ -546,14 +556,16 @@ def main(argv: list[str] | None = None) -> int:
     bars = Bars.of(by_label, float_min=args.float_min)
     failures += bars.failures()
     agreement = target_agreement(by_label)
+    stock_agreement = target_agreement(by_label, TARGET_AGREE["stock"])
     say("")
     say(table(results))
-    if agreement is not None:
-        say(
-            f"\nthe quantized target's tokens equal to the float target's: "
-            f"{agreement['equal']} of {agreement['total']} (first difference per prompt: "
-            f"{agreement['first_difference']})"
-        )
+    for who, agreed in (("plugin on", agreement), ("stock sglang", stock_agreement)):
+        if agreed is not None:
+            say(
+                f"\nthe quantized target's tokens ({who}) equal to the float target's: "
+                f"{agreed['equal']} of {agreed['total']} (first difference per prompt: "
+                f"{agreed['first_difference']})"
+            )
     say("")
     for r in results:
         say(f"{r.run.label}: {r.command}")
@@ -571,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
                     "bars": bars.to_json(),
                     "pairing": pairing.ratio(*plan.paired) if pairing.rounds else None,
                     "target_agreement": agreement,
+                    "stock_target_agreement": stock_agreement,
                     "failures": failures,
                     "runs": [r.to_json() for r in results],
                 },
