@@ -108,8 +108,6 @@ class UnservedLayerError(MtpDequantError, ValueError):
     """Linear layers sglang built with the unquantized method over quantized codes
     (``serving/target_layers.py``): raised at model build time, before any weight loads."""
 
-    def __init__(
-        self, *, role: str, problem: str, hint: str, details: Sequence[str] = ()
-    ) -> None:
+    def __init__(self, *, role: str, problem: str, hint: str, details: Sequence[str] = ()) -> None:
         self.role = role  # "target Qwen3_5ForCausalLM", "draft Qwen3_5ForCausalLMMTP"
         super().__init__(subject=role, problem=problem, hint=hint, details=details)

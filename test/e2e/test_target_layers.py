@@ -87,7 +87,9 @@ LOAD = """
         "x": x.double().numpy().tolist(),
         "layers": layers,
         "nested": sorted(config.packed_modules_mapping.get("model", {})),
-        "mapping_is_the_class_dict": config.packed_modules_mapping is type(model).packed_modules_mapping,
+        "mapping_is_the_class_dict": (
+            config.packed_modules_mapping is type(model).packed_modules_mapping
+        ),
         "unserved": [u.layer for u in target_layers.unserved_layers(model, config)],
     }))
 """

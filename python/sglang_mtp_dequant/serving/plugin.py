@@ -9,8 +9,9 @@ Usage (what ``pip install`` arranges; nothing to call by hand)::
     # every sglang process: sglang.srt.plugins.load_plugins() -> register() -> apply_hooks()
 
 ``register`` puts an AROUND hook on each draft class's ``load_weights`` (``drafts.py``), two
-observing hooks on sglang's ``DefaultModelLoader`` (``sources.py``) and the Ray launch check
-(``ray_setup.py``). Every hooked draft load streams only the files holding the draft's tensors
+observing hooks on sglang's ``DefaultModelLoader`` (``sources.py``), two on its quant config and
+model build (``target_layers.py``: target layers built unquantized over quantized codes) and the
+Ray launch check (``ray_setup.py``). Every hooked draft load streams only the files holding the draft's tensors
 (``narrowing.py``); a draft built unquantized gets the dequantizing stream (``stream.py``), one
 built with a quant config the decode of its plain ``nn.Linear`` parts (``quantized_load.py``);
 both are guarded (``guard/``). What each hook does: ``register``, ``make_load_weights_hook``.
@@ -98,7 +99,7 @@ def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
             continue
         HookRegistry.register(target, hook, HookType.AROUND)
         context.mark_registered(target)
-    target_layers.register()
+    target_layers.register(unresolvable)
     register_launch_guard()
 
 

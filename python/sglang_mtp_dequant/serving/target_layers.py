@@ -2,38 +2,22 @@
 
 Usage (``plugin.register`` arranges it in every sglang process)::
 
-    register()          # two AROUND hooks on sglang's model loader (TARGET_HOOKS)
-
+    register(unresolvable)   # two AROUND hooks on sglang's model loader (TARGET_HOOKS)
     supplied = supply_packed_names(quant_config)   # {"in_proj_qkvz": ["in_proj_qkv", ...]}
-    unserved = unserved_layers(model, quant_config)
-    # [UnservedLayer("model.layers.0.linear_attn.in_proj_qkvz", shards=(...), found_by="class")]
+    unserved = unserved_layers(model, quant_config)  # [UnservedLayer(layer, shards, found_by)]
 
 Why: ``ModelSlimConfig.get_quant_method`` finds a fused layer's scheme through the nested
-packed-module mapping ``{"model": {"qkv_proj": [...], ...}}`` that sglang 0.5.23's
-``_get_quantization_config`` supplies on NPU, and that mapping does not name every fused layer
-of every model class: Qwen3.5/3.6's Gated DeltaNet ``in_proj_qkvz`` (from ``in_proj_qkv`` +
-``in_proj_z``) and ``in_proj_ba`` are missing. msmodelslim's Qwen3.6-27B recipe quantizes
-``in_proj_qkv`` / ``in_proj_z``; sglang then builds ``in_proj_qkvz`` with the unquantized method,
-its int8 codes load as weights and the whole target serves garbage, for every request, with or
-without speculation, and nothing says so. The model class's own (flat) ``packed_modules_mapping``
-names them, and sglang's ModelSlim W8A8 scheme serves such a layer like any other fused one.
-
-What the hooks do, for the target and for a draft built quantized:
-
-1. ``_get_quantization_config``: when sglang's nested mapping for ``model`` layers lacks a
-   packed name of the model class whose shards the description quantizes, that name is added
-   to the config's nested mapping (the class's own entry; the nested entries sglang wrote are
-   kept), once, with one INFO line naming it. Nothing else is touched: a checkpoint whose
-   fused layers all find their scheme gets the same config object with the same mapping.
-2. ``_initialize_model``: right after sglang builds the model (before any weight is read),
-   every linear layer built with the unquantized method while the description marks one of its
-   shards quantized (found through the mapping sglang consulted and its prefix rules) stops the
-   start-up with an ``UnservedLayerError`` naming the layers, their shards, the schemes and what
-   to do: a layer no ModelSlim linear method can take is never served (docs/layouts.md, "Target
-   layers").
-
-A model built without a quant config (a draft built unquantized) is the draft hook's
-(``plugin.py``): sglang reads no description for it.
+packed-module mapping sglang 0.5.23 writes on NPU, which lacks fused layers of some classes
+(Qwen3.5/3.6's Gated DeltaNet ``in_proj_qkvz``, ``in_proj_ba``). msmodelslim's Qwen3.6 recipe
+quantizes their shards; the fused layer then gets the unquantized method and its int8 codes
+load as weights: the target serves garbage, silently. For the target, and a draft built
+quantized: after ``_get_quantization_config`` a packed name of the model class the nested
+mapping lacks, whose shards the description quantizes, is added (one INFO line; nothing is
+touched otherwise); after ``_initialize_model``, before any weight is read, every linear layer
+still unquantized over quantized shards stops the start-up with ``UnservedLayerError`` naming
+layers, shards, schemes and what to do (docs/layouts.md, "Target layers"). A model built
+without a quant config (a draft built unquantized) is ``plugin.py``'s: sglang reads no
+description for it.
 """
 
 from __future__ import annotations
@@ -246,12 +230,11 @@ TARGET_HOOKS: tuple[tuple[str, Callable[..., Any]], ...] = (
 )
 
 
-def register() -> None:
+def register(unresolvable: Callable[[str], str | None]) -> None:
     """Register ``TARGET_HOOKS`` with sglang's HookRegistry (once per process); a target this
-    sglang lacks is reported with a WARNING, as ``plugin.register`` reports its own."""
+    sglang lacks (``unresolvable(target)`` says why: ``plugin.unresolvable``) is reported with
+    a WARNING, as ``plugin.register`` reports its own."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    from .plugin import unresolvable
 
     for target, hook in TARGET_HOOKS:
         if target in context.registered_targets():

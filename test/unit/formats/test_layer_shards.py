@@ -1,5 +1,5 @@
 """``formats/layer_shards.py`` on the description msmodelslim's Qwen3.6-27B recipe wrote for the
-bundled hybrid model (fixture ``e2e/hybrid_qwen36_recipe``) and on hand-made variants."""
+bundled hybrid model (``test/fixtures/e2e/hybrid_qwen36_recipe``) and on hand-made variants."""
 
 from __future__ import annotations
 
