@@ -59,15 +59,17 @@ def shard_schemes(description: Mapping[str, object], prefixes: Iterable[str]) ->
 def quantized_leaves(description: Mapping[str, object], leaves: Collection[str]) -> set[str]:
     """The names among ``leaves`` that end the prefix of at least one quantized weight entry.
 
-    One pass over the description's keys; a key is split only when it ends in ``.weight``."""
+    One pass over the description's keys, one ``str.endswith`` each (the leaves' suffixes at
+    once); only a key that ends in one of them is looked at further."""
     wanted = frozenset(leaves)
+    suffixes = tuple(f".{leaf}{WEIGHT}" for leaf in wanted)
     found: set[str] = set()
-    for key, scheme in description.items():
-        if not key.endswith(WEIGHT) or not is_quantized(scheme):
+    if not suffixes:
+        return found
+    for key in description:
+        if not key.endswith(suffixes) or not is_quantized(description[key]):
             continue
-        leaf = key[: -len(WEIGHT)].rpartition(".")[2]
-        if leaf in wanted:
-            found.add(leaf)
-            if len(found) == len(wanted):
-                break
+        found.add(key[: -len(WEIGHT)].rpartition(".")[2])
+        if len(found) == len(wanted):
+            break
     return found

@@ -11,10 +11,11 @@ Usage (what ``pip install`` arranges; nothing to call by hand)::
 ``register`` puts an AROUND hook on each draft class's ``load_weights`` (``drafts.py``), two
 observing hooks on sglang's ``DefaultModelLoader`` (``sources.py``), two on its quant config and
 model build (``target_layers.py``: target layers built unquantized over quantized codes) and the
-Ray launch check (``ray_setup.py``). Every hooked draft load streams only the files holding the draft's tensors
-(``narrowing.py``); a draft built unquantized gets the dequantizing stream (``stream.py``), one
-built with a quant config the decode of its plain ``nn.Linear`` parts (``quantized_load.py``);
-both are guarded (``guard/``). What each hook does: ``register``, ``make_load_weights_hook``.
+Ray launch check (``ray_setup.py``). Every hooked draft load streams only the files holding the
+draft's tensors (``narrowing.py``); a draft built unquantized gets the dequantizing stream
+(``stream.py``), one built with a quant config the decode of its plain ``nn.Linear`` parts
+(``quantized_load.py``); both are guarded (``guard/``). What each hook does: ``register``,
+``make_load_weights_hook``.
 """
 
 from __future__ import annotations

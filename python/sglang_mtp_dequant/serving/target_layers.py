@@ -185,13 +185,19 @@ def refusal(layers: Sequence[UnservedLayer], quant_config: Any, role: str) -> Un
 # -- the hooks ----------------------------------------------------------------------------------
 
 
+#: (checkpoint path, names supplied) already said in this process
+_SAID: set[tuple[str | None, tuple[str, ...]]] = set()
+
+
 def supplied_quantization_config(
     original: Callable[..., Any], model_config: Any, load_config: Any, *args: Any, **kwargs: Any
 ) -> Any:
     """AROUND ``_get_quantization_config``: sglang's config, with ``supply_packed_names``."""
     quant_config = original(model_config, load_config, *args, **kwargs)
     supplied = supply_packed_names(quant_config)
-    if supplied:
+    said = (getattr(model_config, "model_path", None), tuple(supplied))
+    if supplied and said not in _SAID:  # the draft's config of the same folder: said once
+        _SAID.add(said)
         logger.info(
             "sglang-mtp-dequant: sglang's ModelSlim packed-module mapping for %r layers lacks "
             "%s, whose shards %s quantizes; supplied from %s.packed_modules_mapping so those "

@@ -42,6 +42,7 @@ from ...serving.drafts import DraftSpec, spec_for_architecture, spec_for_class
 from ...serving.narrowing import NARROW_ENV, FileChoice, choose_files, count_walk
 from ..preflight import check_model_path
 from ..resolve import resolve_checkpoint
+from ..target_check import report_into
 from .model import Diagnosis, TensorRow
 
 if TYPE_CHECKING:
@@ -140,6 +141,11 @@ def diagnose(
     _activation(report, needed=bool(codes) and (report.plugin_acts or plain_plan is not None))
     report.stock = _stock_summary(report, codes)
     _notes(report, ckpt, built)
+    if built is not None:  # the target of the same launch (built on meta, as sglang builds it)
+        from ..launch import default_launch
+
+        target_launch = launch or default_launch(source.folder)
+        report_into(report.notes, report.problems, source.folder, target_launch)
     if built is not None and report.tensors:
         refused = plan.errors if report.plugin_acts else (plain_plan.errors if plain_plan else [])
         if refused:

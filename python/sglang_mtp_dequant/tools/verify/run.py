@@ -32,6 +32,7 @@ from ...serving.plain_parts import feeds_plain_linear, plain_linears
 from ...serving.plugin import bypassed
 from ..preflight import check_model_path, check_reference, reference_names
 from ..resolve import resolve_checkpoint
+from ..target_check import report_into
 from ..verdicts import (
     ERROR,
     INACTIVE,
@@ -228,6 +229,7 @@ def run_verify(
     with launch.platform():
         shapes = build_draft(model_config, device="meta")
     report.class_name = type(shapes).__name__
+    report_into(report.notes, report.problems, source.folder, launch)  # the launch's target
     spec = spec_for_class(type(shapes))
     if spec is None:
         report.unsupported = (
