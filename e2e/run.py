@@ -202,6 +202,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--long-tokens", type=int, default=None, help="the long generation")
     parser.add_argument("--load-requests", type=int, default=None, help="concurrent requests")
     parser.add_argument("--perf-rounds", type=int, default=None, help="alternated rounds")
+    parser.add_argument(
+        "--targets-only",
+        action="store_true",
+        help="only the runs without speculation (reference, float_reference, stock_reference): "
+        "target_agree alone",
+    )
     parser.add_argument("--port", type=int, default=None, help="loopback port (default: free)")
     parser.add_argument("--log-dir", default=os.path.join(REPO, ".cache", "e2e"))
     parser.add_argument("--json", default=None, help="write every figure here")
@@ -243,7 +249,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def make_plan(args: argparse.Namespace) -> Plan:
     if args.form == "two-folder":
         return two_folder_plan(args.target, args.draft, args.tp_size, args.upstream_tree)
-    return one_folder_plan(args.model, args.float, args.tp_size, args.short)
+    plan = one_folder_plan(args.model, args.float, args.tp_size, args.short)
+    if args.targets_only:
+        plain = [run for run in plan.runs if not run.speculative]
+        plan = Plan(plan.form, plain, {}, (), plan.draft_folder)
+    return plan
 
 
 def check_inputs(args: argparse.Namespace) -> None:
@@ -513,6 +523,22 @@ def last_line(args, plan: Plan, by_label: dict[str, RunResult], bars: Bars, pair
     return line
 
 
+def targets_only_end(args, by_label: dict[str, RunResult], failures: list[str]) -> int:
+    """``--targets-only``: each target's agreement with the float target, and the last line
+    ``<family> target_agree stock=a/n plugin=b/n``."""
+    agree = {name: target_agreement(by_label, label) for name, label in TARGET_AGREE.items()}
+    for name, agreed in agree.items():
+        if agreed is None:
+            failures.append(f"no {TARGET_AGREE[name]} / float_reference run to compare")
+        else:
+            say(f"{name} target: first difference per prompt {agreed['first_difference']}")
+    for failure in failures:
+        say(f"FAILED: {failure}")
+    parts = " ".join(f"{n}={a['equal']}/{a['total']}" for n, a in agree.items() if a)
+    say(f"{args.line} target_agree {parts}")
+    return 1 if failures else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Ctrl-C and SIGTERM stop every server started (SIGINT may arrive ignored from a
@@ -548,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     results = [by_label[run.label] for run in plan.runs]
     failures += check_outputs(by_label, plan.reference_of, SPEC_KEYS)
+    if args.targets_only:
+        hybrid = args.family == "hybrid"
+        return targets_only_end(args, by_label, failures + check_shims(by_label, hybrid=hybrid))
     failures += check_logs(by_label, plan.draft_folder)
     failures += check_shims(by_label, hybrid=args.family == "hybrid")
     failures += check_extras(by_label, pairing, plan)

@@ -284,3 +284,15 @@ def test_alternated_rounds_send_each_prompt_to_both_servers_in_rotating_order(fa
     assert len(pairing.generations("float")) == 2
     ratio = pairing.ratio("plugin", "float")
     assert len(ratio["rounds"]) == 2 and ratio["min"] <= ratio["median"] <= ratio["max"]
+
+
+def test_targets_only_runs_the_three_targets_without_speculation():
+    from e2e import run as e2e_run
+
+    args = e2e_run.parse_args(
+        ["--family", "hybrid", "--model", "/m/w8a8", "--float", "/m/float", "--targets-only"]
+    )
+    p = e2e_run.make_plan(args)
+    assert p.labels() == ["reference", "float_reference", "stock_reference"]
+    assert p.reference_of == {} and p.paired == ()
+    assert not any(run.speculative for run in p.runs)
