@@ -3,7 +3,7 @@ description shaped like the largest real ModelSlim export.
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_target_layers.py [--reps 5] [--json PATH]
+    .venv/bin/python benchmarks/bench_target_layers.py [--reps 5] [--recipe qwen3.5] [--json PATH]
 
 The shape: Qwen3.5-397B-A17B (60 layers, 45 Gated DeltaNet and 15 full attention, 512 routed
 experts of 1024 and a shared expert per layer, hidden 4096, vocab 248320) and its MTP layer,
@@ -16,7 +16,9 @@ weight_offset entries), everything else FLOAT: ~2.8e5 entries. Only ``config.jso
 it. Then, ``--reps`` times each: ``supply_packed_names`` (hook 1, on a fresh config each time)
 and ``unserved_layers`` (hook 2, the module walk and the description lookups), beside what
 sglang's own two steps took. Prints the machine line and a last line
-``target_layers supply_ms S check_ms C sglang_config_ms Q sglang_build_ms B entries N``.
+``target_layers recipe R supply_ms S check_ms C sglang_config_ms Q sglang_build_ms B entries N``.
+``--recipe qwen3.5`` describes the GDN projections FLOAT: nothing is supplied, and the cost is
+what the hooks add to a checkpoint they leave untouched.
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ def config_397b() -> dict:
     return config
 
 
-def description(config: dict) -> dict[str, str]:
-    """The Qwen3.6 recipe's rule on every layer of ``config`` and its MTP layer."""
+def description(config: dict, gdn: str = Q8) -> dict[str, str]:
+    """The Qwen3.6 recipe's rule on every layer of ``config`` and its MTP layer (``gdn="FLOAT"``:
+    the Qwen3.5 recipe's, every Gated DeltaNet projection FLOAT)."""
     text = config["text_config"]
     out: dict[str, str] = {"model_quant_type": "W8A8_DYNAMIC", "version": "1.0.0"}
 
@@ -76,7 +79,7 @@ def description(config: dict) -> dict[str, str]:
     def block(prefix: str, kind: str) -> None:
         if kind == "linear_attention":
             for name in ("in_proj_qkv", "in_proj_z"):
-                linear(f"{prefix}.linear_attn.{name}", Q8)
+                linear(f"{prefix}.linear_attn.{name}", gdn)
             for name in ("in_proj_b", "in_proj_a", "out_proj", "conv1d"):
                 linear(f"{prefix}.linear_attn.{name}", "FLOAT")
             out[f"{prefix}.linear_attn.A_log"] = out[f"{prefix}.linear_attn.dt_bias"] = "FLOAT"
@@ -116,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--recipe",
+        choices=("qwen3.6", "qwen3.5"),
+        default="qwen3.6",
+        help="qwen3.5: the GDN projections FLOAT (a checkpoint the hooks leave untouched)",
+    )
     args = parser.parse_args(argv)
     print(describe(), flush=True)
     from sglang_mtp_dequant.tools.cpu_env import ensure_torchvision_importable
@@ -141,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as folder:
         config = config_397b()
-        described = description(config)
+        described = description(config, Q8 if args.recipe == "qwen3.6" else "FLOAT")
         with open(os.path.join(folder, "config.json"), "w") as handle:
             json.dump(config, handle)
         with open(os.path.join(folder, "quant_model_description.json"), "w") as handle:
@@ -180,12 +189,12 @@ def main(argv: list[str] | None = None) -> int:
 
     linears = sum(isinstance(m, LinearBase) for m in model.modules())
     print(
-        f"{type(model).__name__} on meta: {len(described)} description entries, "
-        f"{linears} linear layers; supplied {supplied}; unserved after it: {len(unserved)}"
+        f"{args.recipe} recipe, {type(model).__name__} on meta: {len(described)} description "
+        f"entries, {linears} linear layers; supplied {supplied}; unserved after it: {len(unserved)}"
     )
     line = (
-        f"target_layers supply_ms {supply_ms:.1f} check_ms {check_ms:.1f} sglang_config_ms "
-        f"{config_ms:.0f} sglang_build_ms {build_ms:.0f} entries {len(described)}"
+        f"target_layers recipe {args.recipe} supply_ms {supply_ms:.1f} check_ms {check_ms:.1f} "
+        f"sglang_config_ms {config_ms:.0f} sglang_build_ms {build_ms:.0f} entries {len(described)}"
     )
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -193,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(
                 {
                     "machine": describe(),
+                    "recipe": args.recipe,
                     "entries": len(described),
                     "linear_layers": linears,
                     "supply_ms": supply_ms,
