@@ -165,14 +165,29 @@ def test_quantized_draft_requested_is_left_to_sglang(sglang_cpu, caplog, rmsnorm
         assert torch.equal(param.view(torch.uint8), plugin[name].view(torch.uint8)), name
 
 
-def test_quantized_draft_misbuilt_off_npu_is_refused(sglang_cpu, rmsnorm_restored):
+def test_quantized_draft_misbuilt_off_npu_is_refused(sglang_cpu, rmsnorm_restored, monkeypatch):
     """Off NPU sglang gives a ModelSlim draft's fused ``qkv_proj`` no scheme (the packed-module
     mapping is added only on NPU), so stock copies its int8 codes into a bf16 weight; with the
-    plugin the load stops, naming that parameter and the checkpoint names that fed it."""
+    plugin the start-up stops when the draft is built, before any weight is read, naming that
+    layer and its quantized shards (``serving/target_layers.py``); and were it built, the guard
+    stops its load, naming the parameter and the checkpoint names that fed it."""
+    import importlib
+
+    from sglang_mtp_dequant.errors import UnservedLayerError
     from sglang_mtp_dequant.serving.guard import MisloadedDraftError
+    from sglang_mtp_dequant.serving.sglang_private import INITIALIZE_MODEL_TARGET
     from sglang_mtp_dequant.tools.cpu_sglang import sglang_weights
 
     folder = fixture_dir("q35_dense_w8a8_dynamic")
+    with pytest.raises(UnservedLayerError) as refused:
+        build_quantized_modelslim_draft(folder, npu=False)
+    said = str(refused.value)
+    assert "qkv_proj: mtp.layers.0.self_attn.q_proj (W8A8_DYNAMIC)" in said, said
+    assert "mtp.layers.0.mlp.gate_up_proj: mtp.layers.0.mlp.gate_proj (W8A8_DYNAMIC)" in said
+    assert "only on Ascend NPU" in said
+    module, _, name = INITIALIZE_MODEL_TARGET.rpartition(".")
+    loader = importlib.import_module(module)
+    monkeypatch.setattr(loader, name, unwrapped(getattr(loader, name)))  # sglang's own build
     config, model = build_quantized_modelslim_draft(folder, npu=False)
     unwrapped(type(model).load_weights)(model, sglang_weights(config, model))
     stock = dict(model.named_parameters())

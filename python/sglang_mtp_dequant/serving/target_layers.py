@@ -22,8 +22,9 @@ description for it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,9 +124,36 @@ def shards_of(prefix: str, mapping: Mapping[str, Any]) -> tuple[list[str], str]:
     return [prefix], "none"
 
 
-def unserved_layers(model: Any, quant_config: Any) -> list[UnservedLayer]:
+@contextlib.contextmanager
+def recorded_prefixes(quant_config: Any) -> Iterator[dict[int, str]]:
+    """While sglang builds a model with ``quant_config``: ``id(layer) -> prefix`` of every layer
+    it asks ``get_quant_method`` about. The prefix a layer was built with is the name its
+    description entries are looked up under, and it need not be the module's path (an MTP
+    draft's layers are built as ``mtp.layers.0...`` under a module ``model.layers.0...``)."""
+    prefixes: dict[int, str] = {}
+    if not is_modelslim(quant_config):
+        yield prefixes
+        return
+    asked = quant_config.get_quant_method
+
+    def get_quant_method(layer: Any, prefix: str = "", *args: Any, **kwargs: Any) -> Any:
+        prefixes[id(layer)] = prefix
+        return asked(layer, prefix, *args, **kwargs)
+
+    quant_config.get_quant_method = get_quant_method  # this config object, for this build
+    try:
+        yield prefixes
+    finally:
+        del quant_config.get_quant_method
+
+
+def unserved_layers(
+    model: Any, quant_config: Any, prefixes: Mapping[int, str] | None = None
+) -> list[UnservedLayer]:
     """Every linear layer of ``model`` with the unquantized method while the description marks
-    a shard of it quantized. Reads the module tree and the parsed description only."""
+    a shard of it quantized. Reads the module tree and the parsed description only; a layer's
+    name is the prefix sglang built it with (``recorded_prefixes``), else its ``prefix``
+    attribute, else its module path."""
     if not is_modelslim(quant_config):
         return []
     from sglang.srt.layers.linear import LinearBase
@@ -139,7 +167,7 @@ def unserved_layers(model: Any, quant_config: Any) -> list[UnservedLayer]:
             continue
         if not isinstance(module.quant_method, UnquantizedLinearMethod):
             continue
-        prefix = getattr(module, "prefix", None) or name
+        prefix = (prefixes or {}).get(id(module)) or getattr(module, "prefix", None) or name
         names, found_by = shards_of(prefix, mapping)
         resolved = [sglang_private.resolve_quant_prefix(quant_config, n) for n in names]
         shards = shard_schemes(description, resolved)
@@ -215,9 +243,10 @@ def checked_model(
 ) -> Any:
     """AROUND ``_initialize_model``: the built model, or ``UnservedLayerError`` (no weight is
     read before it)."""
-    model = original(model_config, load_config, *args, **kwargs)
     quant_config = kwargs.get("quant_config", args[0] if args else None)
-    unserved = unserved_layers(model, quant_config)
+    with recorded_prefixes(quant_config) as prefixes:
+        model = original(model_config, load_config, *args, **kwargs)
+    unserved = unserved_layers(model, quant_config, prefixes)
     if unserved:
         role = "draft" if getattr(model_config, "is_draft_model", False) else "target"
         raise refusal(unserved, quant_config, f"{role} {_architecture(model_config)}")

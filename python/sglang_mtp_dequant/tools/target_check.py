@@ -17,6 +17,9 @@ Only NPU is checked: sglang runs ModelSlim's quantized linear methods nowhere el
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +28,8 @@ from ..serving.target_layers import UnservedLayer
 
 if TYPE_CHECKING:
     from .launch import Launch
+
+logger = logging.getLogger("sglang_mtp_dequant")
 
 
 @dataclass
@@ -107,17 +112,32 @@ def check_target(folder: str, launch: Launch) -> TargetCheck:
             "methods only on Ascend NPU"
         )
     load_config = LoadConfig(load_format="auto")
-    with launch.platform():
+    with launch.platform(), _rmsnorm_kept():
         config = sglang_private.unwrapped(_quantization_config())(model_config, load_config)
-        model = _build_on_meta(model_config, load_config, config)
+        model, prefixes = _build_on_meta(model_config, load_config, config)
         report = TargetCheck(class_name=type(model).__name__)
-        report.stock = target_layers.unserved_layers(model, config)
+        report.stock = target_layers.unserved_layers(model, config, prefixes)
         if report.stock:
             report.supplied = target_layers.supply_packed_names(config)
             if report.supplied:
-                model = _build_on_meta(model_config, load_config, config)
-            report.refused = target_layers.unserved_layers(model, config)
+                model, prefixes = _build_on_meta(model_config, load_config, config)
+            report.refused = target_layers.unserved_layers(model, config, prefixes)
     return report
+
+
+@contextlib.contextmanager
+def _rmsnorm_kept() -> Iterator[None]:
+    """``RMSNorm`` as it was before: sglang's ``ModelSlimConfig`` patches the class for the whole
+    process when a description lists a ``norm.bias`` (a zero bias on every norm built after),
+    and the check must leave the drafts this process builds next as they were."""
+    from sglang.srt.layers.layernorm import RMSNorm
+
+    saved = {k: RMSNorm.__dict__[k] for k in ("__init__", "forward_npu") if k in RMSNorm.__dict__}
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(RMSNorm, key, value)
 
 
 def _quantization_config() -> Any:
@@ -127,8 +147,11 @@ def _quantization_config() -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def _build_on_meta(model_config: Any, load_config: Any, quant_config: Any) -> Any:
-    """sglang's own (unhooked) build of the target on the meta device."""
+def _build_on_meta(
+    model_config: Any, load_config: Any, quant_config: Any
+) -> tuple[Any, dict[int, str]]:
+    """sglang's own (unhooked) build of the target on the meta device, and the prefix each
+    layer was built with."""
     import importlib
 
     import torch
@@ -140,16 +163,24 @@ def _build_on_meta(model_config: Any, load_config: Any, quant_config: Any) -> An
     build = sglang_private.unwrapped(getattr(importlib.import_module(module), name))
     with set_default_torch_dtype(model_config.dtype), torch.device("meta"):
         with placeholder_vllm_rotary(), generic_rope_on_cpu():
-            return build(model_config, load_config, quant_config)
+            with target_layers.recorded_prefixes(quant_config) as prefixes:
+                return build(model_config, load_config, quant_config), prefixes
 
 
 def report_into(notes: list[str], problems: list[str], folder: str, launch: Launch) -> None:
-    """``check_target``'s notes and problems added to a doctor or verify report; a build sglang
-    cannot do here is a note saying so (the draft's answer stands)."""
+    """``check_target``'s notes and problems added to a doctor or verify report. A target
+    sglang cannot build on this CPU (a config the draft needs not, an NPU op looked up at build
+    time) adds nothing to the report: the draft's answer stands, and the reason goes to the
+    tool's log (it is sglang's failure here, not the checkpoint's)."""
     try:
         check = check_target(folder, launch)
-    except Exception as exc:  # noqa: BLE001 - sglang's own failure to build, reported as is
-        notes.append(f"target layers not checked (sglang's build: {type(exc).__name__}: {exc})")
+    except Exception as exc:  # noqa: BLE001 - sglang's own failure to build, logged as is
+        logger.info(
+            "sglang-mtp-dequant: target layers not checked: sglang could not build the target "
+            "here (%s: %s)",
+            type(exc).__name__,
+            exc,
+        )
         return
     notes.extend(check.notes())
     problems.extend(check.problems())

@@ -229,7 +229,6 @@ def run_verify(
     with launch.platform():
         shapes = build_draft(model_config, device="meta")
     report.class_name = type(shapes).__name__
-    report_into(report.notes, report.problems, source.folder, launch)  # the launch's target
     spec = spec_for_class(type(shapes))
     if spec is None:
         report.unsupported = (
@@ -244,6 +243,7 @@ def run_verify(
         why = found.why if not found.active else "sglang loaded it, but its hook is not applied"
         report.inactive = f"sglang's load_plugins() did not hook {spec.target}: {why}"
         return report
+    report_into(report.notes, report.problems, source.folder, launch)  # the launch's target
     shared = [n for n, _ in shapes.named_parameters() if _from_target(n, spec)]
     report.estimated_bytes = _bytes(p for _, p in shapes.named_parameters())
     report.shared_bytes = _bytes(p for n, p in shapes.named_parameters() if n in shared)
