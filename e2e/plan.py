@@ -17,7 +17,11 @@ with the folder's own MTP head). Its runs:
 - ``quantized_draft``: EAGLE with the draft built quantized
   (``--speculative-draft-model-quantization modelslim``; the plugin on, with nothing to do);
 - with a float folder of the same model (not in ``short``): ``float_reference`` (no
-  speculation) and ``float`` (EAGLE with its own float MTP head: the ceiling).
+  speculation) and ``float`` (EAGLE with its own float MTP head: the ceiling), and
+  ``stock_reference`` (the folder without speculation, the plugin off): stock sglang's own
+  target, which ``stock`` must reproduce and whose tokens are set against the float target's
+  (``target_agree``): a target layer stock sglang builds unquantized over int8 codes (the
+  Qwen3.6 recipe's Gated DeltaNet projections) makes it differ from ``reference``.
 
 ``plugin`` is started first: a draft the plugin refuses stops the run at its first server.
 With a float folder, ``float`` is started next and both stay up together (``plan.paired``),
@@ -84,6 +88,8 @@ def one_folder_plan(
     ]
     if "float" in reference_of:
         runs.append(ServerRun("float_reference", float_folder, False, True, tp_size=tp_size))
+        runs.append(on_model("stock_reference", False, plugin=False))
+        reference_of["stock"] = "stock_reference"
     return Plan("one-folder", runs, reference_of, paired, draft_folder=model)
 
 

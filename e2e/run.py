@@ -202,6 +202,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--long-tokens", type=int, default=None, help="the long generation")
     parser.add_argument("--load-requests", type=int, default=None, help="concurrent requests")
     parser.add_argument("--perf-rounds", type=int, default=None, help="alternated rounds")
+    parser.add_argument(
+        "--targets-only",
+        action="store_true",
+        help="only the runs without speculation (reference, float_reference, stock_reference): "
+        "target_agree alone",
+    )
     parser.add_argument("--port", type=int, default=None, help="loopback port (default: free)")
     parser.add_argument("--log-dir", default=os.path.join(REPO, ".cache", "e2e"))
     parser.add_argument("--json", default=None, help="write every figure here")
@@ -243,7 +249,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def make_plan(args: argparse.Namespace) -> Plan:
     if args.form == "two-folder":
         return two_folder_plan(args.target, args.draft, args.tp_size, args.upstream_tree)
-    return one_folder_plan(args.model, args.float, args.tp_size, args.short)
+    plan = one_folder_plan(args.model, args.float, args.tp_size, args.short)
+    if args.targets_only:
+        plain = [run for run in plan.runs if not run.speculative]
+        plan = Plan(plan.form, plain, {}, (), plan.draft_folder)
+    return plan
 
 
 def check_inputs(args: argparse.Namespace) -> None:
@@ -410,12 +420,17 @@ def check_transformers(results: dict[str, RunResult], prompts, args) -> list[str
     return failures
 
 
-def target_agreement(results: dict[str, RunResult]) -> dict | None:
-    """How many of the quantized target's tokens (``reference``) are the float target's
-    (``float_reference``), position by position, and where each prompt first leaves them: a
-    figure, not a bound (a W8A8 target may rightly differ; raw codes loaded as weights do not
-    come close)."""
-    quantized, floating = results.get("reference"), results.get("float_reference")
+#: target_agree's parts: the run without speculation whose tokens are set against the float
+#: target's, stock sglang's and the plugin's
+TARGET_AGREE = {"stock": "stock_reference", "plugin": "reference"}
+
+
+def target_agreement(results: dict[str, RunResult], label: str = "reference") -> dict | None:
+    """How many of the quantized target's tokens (``label``: ``reference`` with the plugin,
+    ``stock_reference`` without) are the float target's (``float_reference``), position by
+    position, and where each prompt first leaves them: a figure, not a bound (a W8A8 target may
+    rightly differ; raw codes loaded as weights do not come close)."""
+    quantized, floating = results.get(label), results.get("float_reference")
     if quantized is None or floating is None:
         return None
     pairs = list(zip(floating.generations, quantized.generations, strict=True))
@@ -500,7 +515,28 @@ def last_line(args, plan: Plan, by_label: dict[str, RunResult], bars: Bars, pair
         )
     if args.tp_size != 1:
         line += f" tp_size={args.tp_size}"
+    agree = {name: target_agreement(by_label, label) for name, label in TARGET_AGREE.items()}
+    if all(agree.values()):
+        line += " target_agree " + " ".join(
+            f"{name}={a['equal']}/{a['total']}" for name, a in agree.items() if a
+        )
     return line
+
+
+def targets_only_end(args, by_label: dict[str, RunResult], failures: list[str]) -> int:
+    """``--targets-only``: each target's agreement with the float target, and the last line
+    ``<family> target_agree stock=a/n plugin=b/n``."""
+    agree = {name: target_agreement(by_label, label) for name, label in TARGET_AGREE.items()}
+    for name, agreed in agree.items():
+        if agreed is None:
+            failures.append(f"no {TARGET_AGREE[name]} / float_reference run to compare")
+        else:
+            say(f"{name} target: first difference per prompt {agreed['first_difference']}")
+    for failure in failures:
+        say(f"FAILED: {failure}")
+    parts = " ".join(f"{n}={a['equal']}/{a['total']}" for n, a in agree.items() if a)
+    say(f"{args.line} target_agree {parts}")
+    return 1 if failures else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -538,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     results = [by_label[run.label] for run in plan.runs]
     failures += check_outputs(by_label, plan.reference_of, SPEC_KEYS)
+    if args.targets_only:
+        hybrid = args.family == "hybrid"
+        return targets_only_end(args, by_label, failures + check_shims(by_label, hybrid=hybrid))
     failures += check_logs(by_label, plan.draft_folder)
     failures += check_shims(by_label, hybrid=args.family == "hybrid")
     failures += check_extras(by_label, pairing, plan)
@@ -546,14 +585,16 @@ def main(argv: list[str] | None = None) -> int:
     bars = Bars.of(by_label, float_min=args.float_min)
     failures += bars.failures()
     agreement = target_agreement(by_label)
+    stock_agreement = target_agreement(by_label, TARGET_AGREE["stock"])
     say("")
     say(table(results))
-    if agreement is not None:
-        say(
-            f"\nthe quantized target's tokens equal to the float target's: "
-            f"{agreement['equal']} of {agreement['total']} (first difference per prompt: "
-            f"{agreement['first_difference']})"
-        )
+    for who, agreed in (("plugin on", agreement), ("stock sglang", stock_agreement)):
+        if agreed is not None:
+            say(
+                f"\nthe quantized target's tokens ({who}) equal to the float target's: "
+                f"{agreed['equal']} of {agreed['total']} (first difference per prompt: "
+                f"{agreed['first_difference']})"
+            )
     say("")
     for r in results:
         say(f"{r.run.label}: {r.command}")
@@ -571,6 +612,7 @@ def main(argv: list[str] | None = None) -> int:
                     "bars": bars.to_json(),
                     "pairing": pairing.ratio(*plan.paired) if pairing.rounds else None,
                     "target_agreement": agreement,
+                    "stock_target_agreement": stock_agreement,
                     "failures": failures,
                     "runs": [r.to_json() for r in results],
                 },

@@ -102,3 +102,12 @@ class SettingError(MtpDequantError, ValueError):
     def __init__(self, *, setting: str, problem: str, hint: str) -> None:
         self.setting = setting  # the problem names it with its value
         super().__init__(subject=None, problem=problem, hint=hint)
+
+
+class UnservedLayerError(MtpDequantError, ValueError):
+    """Linear layers sglang built with the unquantized method over quantized codes
+    (``serving/target_layers.py``): raised at model build time, before any weight loads."""
+
+    def __init__(self, *, role: str, problem: str, hint: str, details: Sequence[str] = ()) -> None:
+        self.role = role  # "target Qwen3_5ForCausalLM", "draft Qwen3_5ForCausalLMMTP"
+        super().__init__(subject=role, problem=problem, hint=hint, details=details)

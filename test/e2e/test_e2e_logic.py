@@ -30,18 +30,20 @@ def test_the_one_folder_plan_is_the_users_launch():
         "quantized_draft",
         "reference",
         "float_reference",
+        "stock_reference",
     ]
     runs = {r.label: r for r in p.runs}
-    for label in ("plugin", "stock", "quantized_draft", "reference"):
+    for label in ("plugin", "stock", "quantized_draft", "reference", "stock_reference"):
         run = runs[label]
         assert run.target == "/m/w8a8" and run.quantization == "modelslim" and run.draft is None
     assert runs["quantized_draft"].draft_quantization == "modelslim"
     assert runs["plugin"].draft_quantization == "unquant" and runs["plugin"].plugin
     assert not runs["stock"].plugin and not runs["reference"].speculative
+    assert not runs["stock_reference"].plugin and not runs["stock_reference"].speculative
     assert runs["float"].target == "/m/float" and runs["float"].quantization is None
     assert p.reference_of == {
         "plugin": "reference",
-        "stock": "reference",
+        "stock": "stock_reference",
         "quantized_draft": "reference",
         "float": "float_reference",
     }
@@ -119,6 +121,38 @@ def test_bars_take_the_float_run_as_ceiling_or_else_the_quantized_draft():
         .failures()[0]
         .startswith("quantized_draft accept length 2.200 < 2.5")
     )
+
+
+def test_the_stock_bound_holds_only_where_stock_serves_the_plugins_target():
+    """A stock target of different tokens (a target layer loaded as raw codes) makes stock's
+    accept length say nothing about its draft: the bound is not applied, and said so."""
+    results = {
+        "float": result("float", 2.4),
+        "stock": result("stock", 1.8),
+        "plugin": result("plugin", 2.4),
+        "reference": result("reference", None, (1, 2, 3)),
+        "stock_reference": result("stock_reference", None, (1, 2, 3)),
+    }
+    assert checks.Bars.of(results).failures() == ["stock accept length 1.800 > 1.3"]
+    results["stock_reference"] = result("stock_reference", None, (1, 9, 9))
+    bars = checks.Bars.of(results)
+    assert not bars.stock_target_same and bars.failures() == []
+
+
+def test_target_agree_counts_each_targets_tokens_equal_to_the_float_targets():
+    from e2e import run as e2e_run
+
+    results = {
+        "float_reference": result("float_reference", None, (1, 2, 3, 4)),
+        "reference": result("reference", None, (1, 2, 3, 5)),
+        "stock_reference": result("stock_reference", None, (1, 7, 3, 4)),
+    }
+    plugin = e2e_run.target_agreement(results)
+    stock = e2e_run.target_agreement(results, "stock_reference")
+    assert (plugin["equal"], plugin["total"], plugin["first_difference"]) == (3, 4, [3])
+    assert (stock["equal"], stock["total"], stock["first_difference"]) == (3, 4, [1])
+    del results["stock_reference"]
+    assert e2e_run.target_agreement(results, "stock_reference") is None
 
 
 def test_outputs_are_checked_against_each_runs_own_reference():
@@ -250,3 +284,15 @@ def test_alternated_rounds_send_each_prompt_to_both_servers_in_rotating_order(fa
     assert len(pairing.generations("float")) == 2
     ratio = pairing.ratio("plugin", "float")
     assert len(ratio["rounds"]) == 2 and ratio["min"] <= ratio["median"] <= ratio["max"]
+
+
+def test_targets_only_runs_the_three_targets_without_speculation():
+    from e2e import run as e2e_run
+
+    args = e2e_run.parse_args(
+        ["--family", "hybrid", "--model", "/m/w8a8", "--float", "/m/float", "--targets-only"]
+    )
+    p = e2e_run.make_plan(args)
+    assert p.labels() == ["reference", "float_reference", "stock_reference"]
+    assert p.reference_of == {} and p.paired == ()
+    assert not any(run.speculative for run in p.runs)

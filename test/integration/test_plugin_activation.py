@@ -166,17 +166,25 @@ def test_quantized_draft_requested_is_left_to_sglang(sglang_cpu, caplog, rmsnorm
         assert torch.equal(param.view(torch.uint8), plugin[name].view(torch.uint8)), name
 
 
-def test_quantized_draft_misbuilt_off_npu_is_refused(sglang_cpu, rmsnorm_restored):
+def test_quantized_draft_misbuilt_off_npu_is_refused(sglang_cpu, rmsnorm_restored, monkeypatch):
     """Off NPU sglang gives a ModelSlim draft's fused ``qkv_proj`` no scheme (the packed-module
     mapping is added only on NPU), so stock copies its int8 codes into a bf16 weight; with the
-    plugin the load stops, naming that parameter and the checkpoint names that fed it."""
+    plugin the start-up stops when the draft is built, before any weight is read, naming that
+    layer and its quantized shards (``serving/target_layers.py``); and were it built, the guard
+    stops its load, naming the parameter and the checkpoint names that fed it."""
+    import importlib
+
+    from sglang_mtp_dequant.errors import UnservedLayerError
     from sglang_mtp_dequant.serving.guard import MisloadedDraftError
+    from sglang_mtp_dequant.serving.sglang_private import INITIALIZE_MODEL_TARGET
     from sglang_mtp_dequant.tools.cpu_sglang import sglang_weights
 
     folder = fixture_dir("q35_dense_w8a8_dynamic")
     default_dtype = torch.get_default_dtype()
     try:
-        config, model = build_quantized_modelslim_draft(folder, npu=False)
+        build_quantized_modelslim_draft(folder, npu=False)
+    except UnservedLayerError as refused:
+        said = str(refused)
     except AttributeError as exc:
         # sglang 0.5.14 gives that unmapped fused layer a ModelSlim method with no scheme and
         # stops building the draft, loudly, before any weight loads: no misload to refuse
@@ -184,6 +192,15 @@ def test_quantized_draft_misbuilt_off_npu_is_refused(sglang_cpu, rmsnorm_restore
         torch.set_default_dtype(default_dtype)
         assert "'NoneType' object has no attribute 'create_weights'" in str(exc), exc
         return
+    else:
+        pytest.fail("the draft was built over quantized codes without a word")
+    assert "qkv_proj: mtp.layers.0.self_attn.q_proj (W8A8_DYNAMIC)" in said, said
+    assert "mtp.layers.0.mlp.gate_up_proj: mtp.layers.0.mlp.gate_proj (W8A8_DYNAMIC)" in said
+    assert "only on Ascend NPU" in said
+    module, _, name = INITIALIZE_MODEL_TARGET.rpartition(".")
+    loader = importlib.import_module(module)
+    monkeypatch.setattr(loader, name, unwrapped(getattr(loader, name)))  # sglang's own build
+    config, model = build_quantized_modelslim_draft(folder, npu=False)
     unwrapped(type(model).load_weights)(model, sglang_weights(config, model))
     stock = dict(model.named_parameters())
     fused = next(n for n in stock if n.endswith("qkv_proj.weight"))

@@ -10,9 +10,11 @@ Usage (what ``pip install`` arranges; nothing to call by hand)::
 
 ``register`` puts an AROUND hook on each draft class's ``load_weights`` (``drafts.py``), two
 hooks on sglang's ``DefaultModelLoader`` (``load.py``: the resolution of the draft's files,
-narrowed inside a draft load) and the Ray launch check (``ray_setup.py``). Each hooked draft
-load is one ``load.DraftLoad``: narrowed to the files holding the draft's tensors, planned,
-streamed through the decoding stream, recorded and guarded. What each hook does: ``register``,
+narrowed inside a draft load), two on its quant config and model build (``target_layers.py``:
+linear layers built unquantized over quantized codes, target and draft) and the Ray launch
+check (``ray_setup.py``). Each hooked draft load is one ``load.DraftLoad``: narrowed to the
+files holding the draft's tensors, planned, streamed through the decoding stream, recorded and
+guarded. What each hook does: ``register``,
 ``make_load_weights_hook``.
 """
 
@@ -27,7 +29,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import context, releases
+from . import context, releases, target_layers
 from .drafts import DRAFT_SPECS, DraftSpec
 from .load import LOADER_HOOKS, DraftLoad
 from .ray_setup import register_launch_guard
@@ -98,6 +100,7 @@ def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
             continue
         HookRegistry.register(target, hook, HookType.AROUND)
         context.mark_registered(target)
+    target_layers.register(unresolvable)
     register_launch_guard()
 
 

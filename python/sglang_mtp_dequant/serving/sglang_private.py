@@ -62,6 +62,9 @@ _LOADER = "sglang.srt.model_loader.loader"
 PREPARE_WEIGHTS_TARGET = f"{_LOADER}.DefaultModelLoader._prepare_weights"
 #: ``maybe_add_mtp_safetensors`` (module-level but undocumented), observed the same way
 MTP_FILE_TARGET = f"{_LOADER}.maybe_add_mtp_safetensors"
+#: ``_get_quantization_config`` and ``_initialize_model``, AROUND hooks (``target_layers.py``)
+QUANTIZATION_CONFIG_TARGET = f"{_LOADER}._get_quantization_config"
+INITIALIZE_MODEL_TARGET = f"{_LOADER}._initialize_model"
 #: ``RayEngine._launch_scheduler_processes``, a BEFORE hook (``ray_setup.py``)
 RAY_LAUNCH_TARGET = "sglang.srt.ray.engine.RayEngine._launch_scheduler_processes"
 #: ``FusedMoE._map_global_expert_id_to_local_expert_id``: global expert id -> local or -1
@@ -70,6 +73,11 @@ EXPERT_MAP_METHOD = "_map_global_expert_id_to_local_expert_id"
 GLOBAL_EXPERTS_ATTRIBUTE = "_sglang_require_global_experts"
 #: where BasevLLMParameter keeps the loader its ``weight_loader`` property returns
 V2_LOADER_ATTRIBUTE = "_weight_loader"
+
+#: ``ModelSlimConfig._resolve_quant_prefix`` (from 0.5.18): a layer's description prefix
+_RESOLVE_QUANT_PREFIX = (
+    "sglang.srt.layers.quantization.modelslim.modelslim.ModelSlimConfig._resolve_quant_prefix"
+)
 
 LEDGER: tuple[Private, ...] = (
     Private(
@@ -130,23 +138,30 @@ LEDGER: tuple[Private, ...] = (
         accessors=("weights_iterator",),
     ),
     Private(
-        name=f"{_LOADER}._initialize_model",
-        where=f"{_LOADER}._initialize_model",
-        why="verify and the doctor's dry run build the draft class exactly as the loader does",
-        how="called by the CPU tools under set_default_torch_dtype and a device context",
+        name=INITIALIZE_MODEL_TARGET,
+        where=INITIALIZE_MODEL_TARGET,
+        why="verify and the doctor's dry run build the draft class exactly as the loader does; "
+        "right after it builds a model, and before any weight is read, is where linear layers "
+        "built unquantized over quantized ModelSlim codes can be found",
+        how="called by the CPU tools under set_default_torch_dtype and a device context; an "
+        "AROUND hook (target_layers.py) checks the model it returns and passes it through",
         remove_when="a public 'build model without weights' in sglang",
         spelled=("_initialize_model",),
-        accessors=("initialize_model",),
+        accessors=("INITIALIZE_MODEL_TARGET", "initialize_model"),
     ),
     Private(
-        name=f"{_LOADER}._get_quantization_config",
-        where=f"{_LOADER}._get_quantization_config",
+        name=QUANTIZATION_CONFIG_TARGET,
+        where=QUANTIZATION_CONFIG_TARGET,
         why="the draft's quant config decides whether the plugin acts; the CPU tools must get "
-        "the one the server gets",
-        how="called by the CPU tools with the draft's ModelConfig and LoadConfig",
+        "the one the server gets; on NPU it writes the nested packed-module mapping "
+        "ModelSlimConfig reads, which lacks some fused layers of the model class (Qwen3.5's "
+        "in_proj_qkvz / in_proj_ba)",
+        how="called by the CPU tools with the draft's ModelConfig and LoadConfig; an AROUND hook "
+        "(target_layers.py) adds the class's missing packed names to the nested mapping of the "
+        "config it returns, only where the description quantizes their shards",
         remove_when="as _initialize_model",
         spelled=("_get_quantization_config",),
-        accessors=("quantization_config",),
+        accessors=("QUANTIZATION_CONFIG_TARGET", "quantization_config"),
         also_spelled_in=(
             # the e2e server's shim wraps it (it runs inside sglang's server, before the
             # plugin loads), its log line is what the e2e checks look for, and its test calls
@@ -250,6 +265,19 @@ LEDGER: tuple[Private, ...] = (
         remove_when="sglang exposes the draft's quantization decision as a function",
         spelled=("is_npu",),
         accessors=("NPU_RULE_MODULES", "draft_module_is_npu", "set_draft_module_is_npu"),
+    ),
+    Private(
+        name=_RESOLVE_QUANT_PREFIX,
+        where=_RESOLVE_QUANT_PREFIX,
+        why="the checkpoint name ModelSlimConfig looks a layer's scheme up under (its "
+        "language_model. and block_sparse_moe variants): the build-time check of target layers "
+        "must read the description entry sglang read",
+        how="called with a shard's prefix on the config sglang built (target_layers.py); before "
+        "0.5.18 ModelSlimConfig looks the prefix up as it is, which the accessor then does too",
+        checked_in=releases.since("0.5.18"),
+        remove_when="ModelSlimConfig exposes its layer-to-description lookup publicly",
+        spelled=("_resolve_quant_prefix",),
+        accessors=("resolve_quant_prefix",),
     ),
     Private(
         name=f"{_LOADER}._is_npu",
@@ -398,6 +426,12 @@ def quantization_config(model_config: Any, load_config: Any) -> Any:
     from sglang.srt.model_loader.loader import _get_quantization_config
 
     return _get_quantization_config(model_config, load_config)
+
+
+def resolve_quant_prefix(quant_config: Any, prefix: str) -> str:
+    """The prefix under which ``ModelSlimConfig`` finds ``prefix``'s description entry."""
+    resolve = getattr(quant_config, "_resolve_quant_prefix", None)
+    return resolve(prefix) if callable(resolve) else prefix
 
 
 def patched_targets() -> frozenset[str]:

@@ -46,8 +46,27 @@ PUBLIC_IMPORTS: tuple[PublicImport, ...] = (
     PublicImport(
         module="sglang.srt.plugins.hook_registry",
         names=("HookRegistry", "HookType"),
-        used_in=("serving/plugin.py", "serving/ray_setup.py"),
+        used_in=("serving/plugin.py", "serving/ray_setup.py", "serving/target_layers.py"),
         why="the documented plugin API the hooks are registered with",
+    ),
+    PublicImport(
+        module="sglang.srt.layers.layernorm",
+        names=("RMSNorm",),
+        used_in=("tools/target_check.py",),
+        why="restored after the target check: ModelSlimConfig patches it for the process when "
+        "a description lists a norm.bias",
+    ),
+    PublicImport(
+        module="sglang.srt.layers.linear",
+        names=("LinearBase",),
+        used_in=("serving/target_layers.py",),
+        why="the base of every linear layer whose quantization method sglang chose",
+    ),
+    PublicImport(
+        module="sglang.srt.layers.quantization.unquant",
+        names=("UnquantizedLinearMethod",),
+        used_in=("serving/target_layers.py",),
+        why="the method a linear layer gets when no quantization scheme takes it",
     ),
     PublicImport(
         module="sglang.srt.environ",
@@ -82,19 +101,19 @@ PUBLIC_IMPORTS: tuple[PublicImport, ...] = (
     PublicImport(
         module="sglang.srt.configs.load_config",
         names=("LoadConfig",),
-        used_in=("serving/sources.py", "tools/cpu_sglang.py"),
+        used_in=("serving/sources.py", "tools/cpu_sglang.py", "tools/target_check.py"),
         why="the load config DefaultModelLoader is built with",
     ),
     PublicImport(
         module="sglang.srt.configs.model_config",
         names=("ModelConfig",),
-        used_in=("tools/cpu_sglang.py",),
-        why="the draft's model config, for building it on the CPU",
+        used_in=("tools/cpu_sglang.py", "tools/target_check.py"),
+        why="the draft's (and the target's) model config, for building it on the CPU",
     ),
     PublicImport(
         module="sglang.srt.model_loader.utils",
         names=("set_default_torch_dtype",),
-        used_in=("tools/cpu_sglang.py",),
+        used_in=("tools/cpu_sglang.py", "tools/target_check.py"),
         why="the dtype context sglang builds a model under",
     ),
     PublicImport(

@@ -42,6 +42,7 @@ from ...serving.drafts import DraftSpec, spec_for_architecture, spec_for_class
 from ...serving.narrowing import NARROW_ENV, FileChoice, choose_files, count_walk
 from ..preflight import check_model_path
 from ..resolve import resolve_checkpoint
+from ..target_check import report_into
 from .model import Diagnosis, TensorRow
 
 if TYPE_CHECKING:
@@ -89,9 +90,20 @@ def diagnose(
     _tensors(report, source, spec, built, config, ckpt, plan)
     plain_plan = _who_decodes(report, spec, built, ckpt, is_draft)
     _notes(report, ckpt, built)
+    if built is not None:
+        _target_layers(report, source, launch)
     if built is not None and report.tensors:
         _load_dry_run(report, built, ckpt, plan, plain_plan, spec)
     return report
+
+
+def _target_layers(report: Diagnosis, source: WeightSource, launch: Launch | None) -> None:
+    """The target of the same launch, built on meta as sglang builds it: its linear layers
+    built unquantized over quantized codes, and what the plugin does about them."""
+    from ..launch import default_launch
+
+    target_launch = launch or default_launch(source.folder)
+    report_into(report.notes, report.problems, source.folder, target_launch)
 
 
 def _resolve(

@@ -32,6 +32,7 @@ from ...serving.load import LoadSetting
 from ...serving.plugin import bypassed
 from ..preflight import check_model_path, check_reference, reference_names
 from ..resolve import resolve_checkpoint
+from ..target_check import report_into
 from ..verdicts import (
     ERROR,
     INACTIVE,
@@ -296,6 +297,7 @@ def _hooked_spec(report: VerifyReport, session: _Session) -> DraftSpec | None:
         why = found.why if not found.active else "sglang loaded it, but its hook is not applied"
         report.inactive = f"sglang's load_plugins() did not hook {spec.target}: {why}"
         return None
+    report_into(report.notes, report.problems, session.source.folder, session.launch)  # target
     shared = [n for n, _ in shapes.named_parameters() if _from_target(n, spec)]
     report.estimated_bytes = _bytes(p for _, p in shapes.named_parameters())
     report.shared_bytes = _bytes(p for n, p in shapes.named_parameters() if n in shared)

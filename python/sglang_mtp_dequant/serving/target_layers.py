@@ -1,0 +1,289 @@
+"""Linear layers sglang builds unquantized over quantized ModelSlim codes: supplied, or refused.
+
+Usage (``plugin.register`` arranges it in every sglang process)::
+
+    register(unresolvable)   # two AROUND hooks on sglang's model loader (TARGET_HOOKS)
+    supplied = supply_packed_names(quant_config)   # {"in_proj_qkvz": ["in_proj_qkv", ...]}
+    unserved = unserved_layers(model, quant_config)  # [UnservedLayer(layer, shards, found_by)]
+
+Why: ``ModelSlimConfig.get_quant_method`` finds a fused layer's scheme through the nested
+packed-module mapping sglang 0.5.23 writes on NPU, which lacks fused layers of some classes
+(Qwen3.5/3.6's Gated DeltaNet ``in_proj_qkvz``, ``in_proj_ba``). msmodelslim's Qwen3.6 recipe
+quantizes their shards; the fused layer then gets the unquantized method and its int8 codes
+load as weights: the target serves garbage, silently. For the target, and a draft built
+quantized: after ``_get_quantization_config`` a packed name of the model class the nested
+mapping lacks, whose shards the description quantizes, is added (one INFO line; nothing is
+touched otherwise); after ``_initialize_model``, before any weight is read, every linear layer
+still unquantized over quantized shards stops the start-up with ``UnservedLayerError`` naming
+layers, shards, schemes and what to do (docs/layouts.md, "Target layers"). A model built
+without a quant config (a draft built unquantized) is ``plugin.py``'s: sglang reads no
+description for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UnservedLayerError
+from ..formats.layer_shards import ShardScheme, quantized_leaves, shard_schemes
+from . import context, sglang_private
+
+logger = logging.getLogger("sglang_mtp_dequant")
+
+#: the quantization method whose config reads a nested packed-module mapping
+MODELSLIM = "modelslim"
+#: the nested mapping's key for language-model layers (``ModelSlimConfig.get_quant_method``)
+LANGUAGE_KEY = "model"
+#: how many layers an error or a report names before counting the rest
+SHOWN = 6
+
+
+def is_modelslim(quant_config: Any) -> bool:
+    get_name = getattr(quant_config, "get_name", None)
+    return callable(get_name) and get_name() == MODELSLIM
+
+
+def nested_key(prefix: str) -> str:
+    """The nested mapping ``ModelSlimConfig.get_quant_method`` consults for ``prefix``."""
+    if "vision_model" in prefix:
+        return "vision_model"
+    if "visual" in prefix:
+        return "visual"
+    return LANGUAGE_KEY
+
+
+def flat_entries(mapping: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The model class's own packed names (the nested per-prefix mappings left out)."""
+    return {name: list(shards) for name, shards in mapping.items() if isinstance(shards, list)}
+
+
+def missing_packed_names(quant_config: Any) -> dict[str, list[str]]:
+    """The class's packed names sglang's nested ``model`` mapping lacks while the description
+    quantizes one of their shards; empty when sglang gave no nested mapping (off NPU)."""
+    if not is_modelslim(quant_config):
+        return {}
+    mapping = quant_config.packed_modules_mapping or {}
+    nested = mapping.get(LANGUAGE_KEY)
+    if not isinstance(nested, dict):
+        return {}
+    missing = {n: s for n, s in flat_entries(mapping).items() if n not in nested}
+    if not missing:
+        return {}
+    leaves = {shard for shards in missing.values() for shard in shards}
+    quantized = quantized_leaves(quant_config.quant_description, leaves)
+    return {name: shards for name, shards in missing.items() if quantized.intersection(shards)}
+
+
+def supply_packed_names(quant_config: Any) -> dict[str, list[str]]:
+    """Add ``missing_packed_names`` to the config's nested ``model`` mapping; return them.
+
+    In place: on NPU the config's mapping is the model class's own ``packed_modules_mapping``
+    (the loader updates it in place), and the class hands that same dict to the config again
+    when it is built (``Qwen3_5ForCausalLM.__init__`` in ``qwen3_5_text.py``), so a copy would
+    be dropped. The nested dict completed is the one sglang's loader wrote in this call (it
+    writes a new one at every call).
+    """
+    supplied = missing_packed_names(quant_config)
+    if supplied:
+        quant_config.packed_modules_mapping[LANGUAGE_KEY].update(supplied)
+    return supplied
+
+
+@dataclass(frozen=True)
+class UnservedLayer:
+    """A linear layer sglang built with the unquantized method over quantized shards."""
+
+    layer: str  # the prefix sglang built it with
+    shards: tuple[ShardScheme, ...]
+    #: where sglang found the shards: the nested mapping it reads the scheme through
+    #: ("nested"), only the class's flat one ("class"), or none (the layer is its own shard)
+    found_by: str
+
+    @property
+    def quantized(self) -> tuple[ShardScheme, ...]:
+        return tuple(s for s in self.shards if s.quantized)
+
+    def line(self) -> str:
+        return f"{self.layer}: {', '.join(str(s) for s in self.shards)}"
+
+
+def shards_of(prefix: str, mapping: Mapping[str, Any]) -> tuple[list[str], str]:
+    """The checkpoint prefixes of layer ``prefix`` as sglang names them (its ``str.replace`` of
+    the last name), and which mapping named them."""
+    proj = prefix.rpartition(".")[2]
+    nested = mapping.get(nested_key(prefix))
+    if isinstance(nested, dict) and proj in nested:
+        return [prefix.replace(proj, shard) for shard in nested[proj]], "nested"
+    flat = mapping.get(proj)
+    if isinstance(flat, list):
+        return [prefix.replace(proj, shard) for shard in flat], "class"
+    return [prefix], "none"
+
+
+@contextlib.contextmanager
+def recorded_prefixes(quant_config: Any) -> Iterator[dict[int, str]]:
+    """While sglang builds a model with ``quant_config``: ``id(layer) -> prefix`` of every layer
+    it asks ``get_quant_method`` about. The prefix a layer was built with is the name its
+    description entries are looked up under, and it need not be the module's path (an MTP
+    draft's layers are built as ``mtp.layers.0...`` under a module ``model.layers.0...``)."""
+    prefixes: dict[int, str] = {}
+    if not is_modelslim(quant_config):
+        yield prefixes
+        return
+    asked = quant_config.get_quant_method
+
+    def get_quant_method(layer: Any, prefix: str = "", *args: Any, **kwargs: Any) -> Any:
+        prefixes[id(layer)] = prefix
+        return asked(layer, prefix, *args, **kwargs)
+
+    quant_config.get_quant_method = get_quant_method  # this config object, for this build
+    try:
+        yield prefixes
+    finally:
+        del quant_config.get_quant_method
+
+
+def unserved_layers(
+    model: Any, quant_config: Any, prefixes: Mapping[int, str] | None = None
+) -> list[UnservedLayer]:
+    """Every linear layer of ``model`` with the unquantized method while the description marks
+    a shard of it quantized. Reads the module tree and the parsed description only; a layer's
+    name is the prefix sglang built it with (``recorded_prefixes``), else its ``prefix``
+    attribute, else its module path."""
+    if not is_modelslim(quant_config):
+        return []
+    from sglang.srt.layers.linear import LinearBase
+    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+    description = quant_config.quant_description
+    mapping = quant_config.packed_modules_mapping or {}
+    found = []
+    for name, module in model.named_modules():
+        if not isinstance(module, LinearBase):
+            continue
+        if not isinstance(module.quant_method, UnquantizedLinearMethod):
+            continue
+        prefix = (prefixes or {}).get(id(module)) or getattr(module, "prefix", None) or name
+        names, found_by = shards_of(prefix, mapping)
+        resolved = [sglang_private.resolve_quant_prefix(quant_config, n) for n in names]
+        shards = shard_schemes(description, resolved)
+        if any(s.quantized for s in shards):
+            found.append(UnservedLayer(prefix, tuple(shards), found_by))
+    return found
+
+
+def remedy(layers: Sequence[UnservedLayer], quant_config: Any) -> str:
+    """What the operator can do about ``layers`` (the platform and the schemes decide)."""
+    mapping = quant_config.packed_modules_mapping or {}
+    if not isinstance(mapping.get(LANGUAGE_KEY), dict):
+        return (
+            "sglang gives ModelSlim its packed-module mapping, and runs ModelSlim's quantized "
+            "linear methods, only on Ascend NPU (model_loader/loader.py): serve this checkpoint "
+            "on an NPU"
+        )
+    schemes = sorted({s.scheme or "?" for layer in layers for s in layer.quantized})
+    return (
+        f"sglang {context.sglang_version()}'s ModelSlim builds no quantized linear method for "
+        f"these layers ({', '.join(schemes)}); re-export the checkpoint with msmodelslim keeping "
+        "these projections FLOAT (exclude them in the recipe) or quantized with a scheme "
+        "sglang's ModelSlim serves for linear layers (W8A8_DYNAMIC, W8A8)"
+    )
+
+
+def refusal(layers: Sequence[UnservedLayer], quant_config: Any, role: str) -> UnservedLayerError:
+    shown = [layer.line() for layer in layers[:SHOWN]]
+    if len(layers) > SHOWN:
+        shown.append(f"... and {len(layers) - SHOWN} more")
+    return UnservedLayerError(
+        role=role,
+        problem=(
+            f"sglang built {len(layers)} linear layer(s) with the unquantized method while "
+            "quant_model_description.json marks their shards quantized: their int8 codes "
+            "would load as weights and every output would be wrong"
+        ),
+        hint=remedy(layers, quant_config),
+        details=shown,
+    )
+
+
+# -- the hooks ----------------------------------------------------------------------------------
+
+
+#: (checkpoint path, names supplied) already said in this process
+_SAID: set[tuple[str | None, tuple[str, ...]]] = set()
+
+
+def supplied_quantization_config(
+    original: Callable[..., Any], model_config: Any, load_config: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """AROUND ``_get_quantization_config``: sglang's config, with ``supply_packed_names``."""
+    quant_config = original(model_config, load_config, *args, **kwargs)
+    supplied = supply_packed_names(quant_config)
+    said = (getattr(model_config, "model_path", None), tuple(supplied))
+    if supplied and said not in _SAID:  # the draft's config of the same folder: said once
+        _SAID.add(said)
+        logger.info(
+            "sglang-mtp-dequant: sglang's ModelSlim packed-module mapping for %r layers lacks "
+            "%s, whose shards %s quantizes; supplied from %s.packed_modules_mapping so those "
+            "layers get their ModelSlim scheme",
+            LANGUAGE_KEY,
+            ", ".join(f"{name} = {' + '.join(shards)}" for name, shards in supplied.items()),
+            getattr(model_config, "model_path", "the checkpoint"),
+            _architecture(model_config),
+        )
+    return quant_config
+
+
+def checked_model(
+    original: Callable[..., Any], model_config: Any, load_config: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """AROUND ``_initialize_model``: the built model, or ``UnservedLayerError`` (no weight is
+    read before it)."""
+    quant_config = kwargs.get("quant_config", args[0] if args else None)
+    with recorded_prefixes(quant_config) as prefixes:
+        model = original(model_config, load_config, *args, **kwargs)
+    unserved = unserved_layers(model, quant_config, prefixes)
+    if unserved:
+        role = "draft" if getattr(model_config, "is_draft_model", False) else "target"
+        raise refusal(unserved, quant_config, f"{role} {_architecture(model_config)}")
+    return model
+
+
+def _architecture(model_config: Any) -> str:
+    architectures = getattr(getattr(model_config, "hf_config", None), "architectures", None)
+    return str(architectures[0]) if architectures else "model"
+
+
+#: (target, AROUND hook): registered by ``register``
+TARGET_HOOKS: tuple[tuple[str, Callable[..., Any]], ...] = (
+    (sglang_private.QUANTIZATION_CONFIG_TARGET, supplied_quantization_config),
+    (sglang_private.INITIALIZE_MODEL_TARGET, checked_model),
+)
+
+
+def register(unresolvable: Callable[[str], str | None]) -> None:
+    """Register ``TARGET_HOOKS`` with sglang's HookRegistry (once per process); a target this
+    sglang lacks (``unresolvable(target)`` says why: ``plugin.unresolvable``) is reported with
+    a WARNING, as ``plugin.register`` reports its own."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for target, hook in TARGET_HOOKS:
+        if target in context.registered_targets():
+            continue
+        problem = unresolvable(target)
+        if problem is not None:
+            logger.warning(
+                "sglang-mtp-dequant: hook target %s is not available in sglang %s (%s); target "
+                "layers sglang builds unquantized over quantized codes are neither supplied nor "
+                "refused in this process",
+                target,
+                context.sglang_version(),
+                problem,
+            )
+            continue
+        HookRegistry.register(target, hook, HookType.AROUND)
+        context.mark_registered(target)

@@ -1,0 +1,186 @@
+"""The target's linear layers sglang builds unquantized over quantized codes, for a launch.
+
+Usage::
+
+    report = check_target(folder, launch)     # after prepare_cpu_process(folder, ...)
+    report.problems()   # ["target Qwen3_5ForCausalLM: ... refused at start-up ..."]
+    report.notes()      # ["... in_proj_qkvz = in_proj_qkv + in_proj_z ... the plugin supplies ..."]
+
+Why: the draft is one part of the user's launch; a target layer stock sglang builds with the
+unquantized method over int8 codes (msmodelslim's Qwen3.6 recipe's Gated DeltaNet projections on
+NPU) serves garbage however the draft loads. The answer comes from sglang itself: the target's
+``ModelConfig`` from the user's flags, sglang's own ``_get_quantization_config`` and
+``_initialize_model`` (stock, unhooked) under the platform the flags name, the class built on
+the meta device; then the plugin's two steps (``serving/target_layers.py``) on that config.
+Only NPU is checked: sglang runs ModelSlim's quantized linear methods nowhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..serving import sglang_private, target_layers
+from ..serving.target_layers import UnservedLayer
+
+if TYPE_CHECKING:
+    from .launch import Launch
+
+logger = logging.getLogger("sglang_mtp_dequant")
+
+
+@dataclass
+class TargetCheck:
+    """What stock sglang and the plugin make of the target's linear layers."""
+
+    class_name: str = ""
+    #: why the target was not checked ("" when it was)
+    not_checked: str = ""
+    stock: list[UnservedLayer] = field(default_factory=list)
+    supplied: dict[str, list[str]] = field(default_factory=dict)
+    refused: list[UnservedLayer] = field(default_factory=list)
+
+    def notes(self) -> list[str]:
+        if self.not_checked:
+            return [f"target layers not checked: {self.not_checked}"]
+        if not self.stock:
+            return []
+        names = ", ".join(f"{n} = {' + '.join(s)}" for n, s in self.supplied.items())
+        fixed = len(self.stock) - len(self.refused)
+        return [
+            f"target {self.class_name}: stock sglang builds {len(self.stock)} linear layer(s) "
+            f"with the unquantized method over quantized codes ({_layers(self.stock)}): their "
+            "int8 codes would load as weights; "
+            + (
+                f"the plugin supplies {names} to sglang's NPU packed-module mapping, so "
+                f"{fixed} of them get their ModelSlim scheme"
+                if self.supplied
+                else "the plugin has no mapping to supply for them"
+            )
+        ]
+
+    def problems(self) -> list[str]:
+        if not self.refused:
+            return []
+        return [
+            f"target {self.class_name}: {len(self.refused)} linear layer(s) no ModelSlim method "
+            f"takes ({_layers(self.refused)}); the plugin refuses the start-up (sglang would load "
+            "their int8 codes as weights): re-export them FLOAT, or quantized with a scheme "
+            "sglang's ModelSlim serves for linear layers (W8A8_DYNAMIC, W8A8)"
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        def layers(found: list[UnservedLayer]) -> list[dict[str, Any]]:
+            return [
+                {"layer": u.layer, "shards": {s.name: s.scheme for s in u.shards}} for u in found
+            ]
+
+        return {
+            "class": self.class_name,
+            "not_checked": self.not_checked or None,
+            "stock_unquantized_over_codes": layers(self.stock),
+            "supplied": self.supplied,
+            "refused": layers(self.refused),
+        }
+
+
+def _layers(found: list[UnservedLayer]) -> str:
+    shown = [u.line() for u in found[: target_layers.SHOWN]]
+    more = len(found) - len(shown)
+    return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
+
+
+def check_target(folder: str, launch: Launch) -> TargetCheck:
+    """The target of ``folder`` as sglang builds it for ``launch`` (its context published)."""
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+
+    model_config = ModelConfig.from_server_args(
+        sglang_private.published_server_args(), model_path=folder
+    )
+    if model_config.quantization != target_layers.MODELSLIM:
+        return TargetCheck(
+            not_checked=f"sglang builds the target with quantization "
+            f"{model_config.quantization!r}, not ModelSlim"
+        )
+    if launch.device != "npu":
+        return TargetCheck(
+            not_checked=f"--device {launch.device}: sglang runs ModelSlim's quantized linear "
+            "methods only on Ascend NPU"
+        )
+    load_config = LoadConfig(load_format="auto")
+    with launch.platform(), _rmsnorm_kept():
+        config = sglang_private.unwrapped(_quantization_config())(model_config, load_config)
+        model, prefixes = _build_on_meta(model_config, load_config, config)
+        report = TargetCheck(class_name=type(model).__name__)
+        report.stock = target_layers.unserved_layers(model, config, prefixes)
+        if report.stock:
+            report.supplied = target_layers.supply_packed_names(config)
+            if report.supplied:
+                model, prefixes = _build_on_meta(model_config, load_config, config)
+            report.refused = target_layers.unserved_layers(model, config, prefixes)
+    return report
+
+
+@contextlib.contextmanager
+def _rmsnorm_kept() -> Iterator[None]:
+    """``RMSNorm`` as it was before: sglang's ``ModelSlimConfig`` patches the class for the whole
+    process when a description lists a ``norm.bias`` (a zero bias on every norm built after),
+    and the check must leave the drafts this process builds next as they were."""
+    from sglang.srt.layers.layernorm import RMSNorm
+
+    saved = {k: RMSNorm.__dict__[k] for k in ("__init__", "forward_npu") if k in RMSNorm.__dict__}
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(RMSNorm, key, value)
+
+
+def _quantization_config() -> Any:
+    import importlib
+
+    module, _, name = sglang_private.QUANTIZATION_CONFIG_TARGET.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def _build_on_meta(
+    model_config: Any, load_config: Any, quant_config: Any
+) -> tuple[Any, dict[int, str]]:
+    """sglang's own (unhooked) build of the target on the meta device, and the prefix each
+    layer was built with."""
+    import importlib
+
+    import torch
+    from sglang.srt.model_loader.utils import set_default_torch_dtype
+
+    from .cpu_env import generic_rope_on_cpu, placeholder_vllm_rotary
+
+    module, _, name = sglang_private.INITIALIZE_MODEL_TARGET.rpartition(".")
+    build = sglang_private.unwrapped(getattr(importlib.import_module(module), name))
+    with set_default_torch_dtype(model_config.dtype), torch.device("meta"):
+        with placeholder_vllm_rotary(), generic_rope_on_cpu():
+            with target_layers.recorded_prefixes(quant_config) as prefixes:
+                return build(model_config, load_config, quant_config), prefixes
+
+
+def report_into(notes: list[str], problems: list[str], folder: str, launch: Launch) -> None:
+    """``check_target``'s notes and problems added to a doctor or verify report. A target
+    sglang cannot build on this CPU (a config the draft needs not, an NPU op looked up at build
+    time) adds nothing to the report: the draft's answer stands, and the reason goes to the
+    tool's log (it is sglang's failure here, not the checkpoint's)."""
+    try:
+        check = check_target(folder, launch)
+    except Exception as exc:  # noqa: BLE001 - sglang's own failure to build, logged as is
+        logger.info(
+            "sglang-mtp-dequant: target layers not checked: sglang could not build the target "
+            "here (%s: %s)",
+            type(exc).__name__,
+            exc,
+        )
+        return
+    notes.extend(check.notes())
+    problems.extend(check.problems())
