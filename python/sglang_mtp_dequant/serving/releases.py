@@ -27,7 +27,7 @@ import importlib.util
 import re
 from dataclasses import dataclass
 
-#: every sglang release the matrix ran on, oldest first (docs/results.md, "sglang releases")
+#: every sglang release the matrix ran on, oldest first (docs/results.md, section 6)
 TESTED: tuple[str, ...] = tuple(f"0.5.{minor}" for minor in range(14, 24))
 #: the oldest supported release: the plugin registers nothing below it
 MINIMUM = TESTED[0]
