@@ -102,8 +102,8 @@ def test_an_import_error_inside_sglang_is_not_a_checkpoint_problem(sglang_cpu, m
 
     def missing(*_args, **_kwargs):
         raise ImportError(
-            "cannot import name 'get_server_args' from 'sglang.srt.runtime_context'",
-            name="sglang.srt.runtime_context",
+            "cannot import name 'get_server_args' from 'sglang.srt.server_args'",
+            name="sglang.srt.server_args",
         )
 
     monkeypatch.setattr(sglang_private, "prepare_weights", missing)
