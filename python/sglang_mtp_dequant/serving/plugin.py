@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib
-import importlib.util
 import logging
 import sys
 from collections.abc import Callable, Iterator
@@ -152,9 +151,6 @@ def bypassed() -> Iterator[None]:
         _BYPASS.reset(token)
 
 
-#: the module sglang's own fix adds for every draft class (upstream/stack/): where it exists,
-#: sglang dequantizes ModelSlim draft weights itself and the plugin steps aside
-UPSTREAM_FIX = "sglang.srt.layers.quantization.modelslim.modelslim_draft"
 #: the function sglang's own fix (upstream/series/, PR 1) defines in the module of the
 #: ``load_weights`` it fixes (Qwen3.5's MTP, which Qwen4-Exp inherits)
 UPSTREAM_FIX_MARKER = "_load_mtp_w8a8_dequant_scales"
@@ -192,7 +188,7 @@ def make_load_weights_hook(spec: DraftSpec) -> LoadWeightsHook:
             logger.info(
                 "sglang-mtp-dequant: this sglang dequantizes ModelSlim draft weights itself "
                 "(%s); the plugin leaves the %s draft load to it",
-                getattr(original, "__module__", UPSTREAM_FIX),
+                original.__module__,
                 spec.class_name,
             )
             return load.run_narrowed(original, model, weights, args, kwargs)
