@@ -31,6 +31,7 @@ from typing import Any
 from ..errors import UnservedLayerError
 from ..formats.layer_shards import ShardScheme, quantized_leaves, shard_schemes
 from . import context, sglang_private
+from .parameter_names import DEFAULT_PACKED
 
 logger = logging.getLogger("sglang_mtp_dequant")
 
@@ -100,7 +101,8 @@ class UnservedLayer:
     layer: str  # the prefix sglang built it with
     shards: tuple[ShardScheme, ...]
     #: where sglang found the shards: the nested mapping it reads the scheme through
-    #: ("nested"), only the class's flat one ("class"), or none (the layer is its own shard)
+    #: ("nested"), only the class's flat one ("class"), sglang's stacked names where no mapping
+    #: names the layer ("stacked"), or none (the layer is its own shard)
     found_by: str
 
     @property
@@ -122,6 +124,18 @@ def shards_of(prefix: str, mapping: Mapping[str, Any]) -> tuple[list[str], str]:
     if isinstance(flat, list):
         return [prefix.replace(proj, shard) for shard in flat], "class"
     return [prefix], "none"
+
+
+def stacked_parts(prefix: str) -> tuple[list[str], str]:
+    """The checkpoint parts sglang's loaders stack into layer ``prefix`` where no mapping names
+    them (``parameter_names.DEFAULT_PACKED``): a model class that declares no
+    ``packed_modules_mapping`` (sglang's MTP classes before 0.5.21) still stacks ``q_proj`` /
+    ``k_proj`` / ``v_proj`` into ``qkv_proj``, and its layer reads the codes of those parts."""
+    proj = prefix.rpartition(".")[2]
+    parts = DEFAULT_PACKED.get(proj)
+    if parts is None:
+        return [prefix], "none"
+    return [prefix.replace(proj, part) for part in parts], "stacked"
 
 
 @contextlib.contextmanager
@@ -170,6 +184,9 @@ def unserved_layers(
         prefix = (prefixes or {}).get(id(module)) or getattr(module, "prefix", None) or name
         names, found_by = shards_of(prefix, mapping)
         resolved = [sglang_private.resolve_quant_prefix(quant_config, n) for n in names]
+        if found_by == "none" and f"{resolved[0]}.weight" not in description:
+            names, found_by = stacked_parts(prefix)
+            resolved = [sglang_private.resolve_quant_prefix(quant_config, n) for n in names]
         shards = shard_schemes(description, resolved)
         if any(s.quantized for s in shards):
             found.append(UnservedLayer(prefix, tuple(shards), found_by))
