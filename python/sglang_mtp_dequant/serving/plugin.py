@@ -72,11 +72,35 @@ def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    hooks: list[tuple[str, AroundHook, str | None]] = [
-        (spec.target, make_load_weights_hook(spec), spec.class_name) for spec in specs
+    hooks: list[tuple[str, AroundHook, str | None, str]] = [
+        (
+            spec.target,
+            make_load_weights_hook(spec),
+            spec.class_name,
+            f"{spec.class_name} drafts load WITHOUT dequantization in this process",
+        )
+        for spec in specs
     ]
-    hooks += [(target, hook, None) for target, hook in LOADER_HOOKS]
-    for target, hook, class_name in hooks:
+    hooks += [
+        (
+            target,
+            hook,
+            None,
+            "the plugin plans from the launch path instead of sglang's resolved files",
+        )
+        for target, hook in LOADER_HOOKS
+    ]
+    hooks += [
+        (
+            target,
+            hook,
+            None,
+            "target layers sglang builds unquantized over quantized codes are "
+            "neither supplied nor refused in this process",
+        )
+        for target, hook in target_layers.TARGET_HOOKS
+    ]
+    for target, hook, class_name, effect in hooks:
         if target in context.registered_targets():
             continue
         if class_name and releases.module_absent(target.rsplit(".", 2)[0]):
@@ -84,11 +108,6 @@ def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
             continue
         problem = unresolvable(target)
         if problem is not None:
-            effect = (
-                f"{class_name} drafts load WITHOUT dequantization in this process"
-                if class_name
-                else "the plugin plans from the launch path instead of sglang's resolved files"
-            )
             logger.warning(
                 "sglang-mtp-dequant: hook target %s is not available in sglang %s (%s); %s",
                 target,
@@ -99,7 +118,6 @@ def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
             continue
         HookRegistry.register(target, hook, HookType.AROUND)
         context.mark_registered(target)
-    target_layers.register(unresolvable)
     register_launch_guard()
 
 

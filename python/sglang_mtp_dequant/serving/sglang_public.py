@@ -46,7 +46,7 @@ PUBLIC_IMPORTS: tuple[PublicImport, ...] = (
     PublicImport(
         module="sglang.srt.plugins.hook_registry",
         names=("HookRegistry", "HookType"),
-        used_in=("serving/plugin.py", "serving/ray_setup.py", "serving/target_layers.py"),
+        used_in=("serving/plugin.py", "serving/ray_setup.py"),
         why="the documented plugin API the hooks are registered with",
     ),
     PublicImport(

@@ -2,7 +2,7 @@
 
 Usage (``plugin.register`` arranges it in every sglang process)::
 
-    register(unresolvable)   # two AROUND hooks on sglang's model loader (TARGET_HOOKS)
+    TARGET_HOOKS             # two AROUND hooks on sglang's model loader, beside the plugin's own
     supplied = supply_packed_names(quant_config)   # {"in_proj_qkvz": ["in_proj_qkv", ...]}
     unserved = unserved_layers(model, quant_config)  # [UnservedLayer(layer, shards, found_by)]
 
@@ -275,32 +275,8 @@ def _architecture(model_config: Any) -> str:
     return str(architectures[0]) if architectures else "model"
 
 
-#: (target, AROUND hook): registered by ``register``
+#: (target, AROUND hook): registered by ``plugin.register`` beside its own hooks
 TARGET_HOOKS: tuple[tuple[str, Callable[..., Any]], ...] = (
     (sglang_private.QUANTIZATION_CONFIG_TARGET, supplied_quantization_config),
     (sglang_private.INITIALIZE_MODEL_TARGET, checked_model),
 )
-
-
-def register(unresolvable: Callable[[str], str | None]) -> None:
-    """Register ``TARGET_HOOKS`` with sglang's HookRegistry (once per process); a target this
-    sglang lacks (``unresolvable(target)`` says why: ``plugin.unresolvable``) is reported with
-    a WARNING, as ``plugin.register`` reports its own."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    for target, hook in TARGET_HOOKS:
-        if target in context.registered_targets():
-            continue
-        problem = unresolvable(target)
-        if problem is not None:
-            logger.warning(
-                "sglang-mtp-dequant: hook target %s is not available in sglang %s (%s); target "
-                "layers sglang builds unquantized over quantized codes are neither supplied nor "
-                "refused in this process",
-                target,
-                context.sglang_version(),
-                problem,
-            )
-            continue
-        HookRegistry.register(target, hook, HookType.AROUND)
-        context.mark_registered(target)
