@@ -267,31 +267,37 @@ print(json.dumps(answers))
 @pytest.mark.slow
 def test_plugin_steps_aside_per_class_only_from_the_step_that_fixes_it(branch_tree, tmp_path):
     """The plugin's ``sglang_dequantizes_drafts`` on each draft class's real ``load_weights``:
-    False on stock sglang and before the step that patches the class, True from that step on
-    (Qwen3.5 and Qwen4-Exp from PR 1, Qwen3-Next from step 03, both GLM NextN classes from
-    step 04), never for a class no step touches."""
+    False before the step that patches the class, True from that step on (Qwen3.5 and
+    Qwen4-Exp from PR 1, Qwen3-Next from step 03, both GLM NextN classes from step 04), never
+    for a class no step touches. One process per distinct state of the draft classes' files
+    (steps that leave them alone share one), in one worktree checked out at each step in
+    turn; stock sglang (the baseline) does not have the name in any of those files."""
     import json
     import os
     import subprocess
 
     repo, base, _ = branch_tree
-    names = [name for name, _ in tree.steps()]
-    for at in [None, *names]:
-        env = dict(os.environ, SGLANG_PLUGINS="none")
-        site = str(ROOT / "upstream" / "site")  # the CPU shims sglang's imports need here
-        env["PYTHONPATH"] = site
-        if at is not None:
-            dest = tmp_path / f"tree-{at}"
-            tree.worktree_at(repo, base, dest, tree.step_ref(at))
-            env["PYTHONPATH"] = os.pathsep.join([str(dest / "python"), site])
-        try:
+    files = sorted({f"python/sglang/srt/models/{c.split('.')[0]}.py" for c in STEP_FIXING})
+    for path in files:  # stock sglang: the baseline's files never name the fix's function
+        assert "_load_mtp_w8a8_dequant_scales" not in tree.git(repo, "show", f"{tree.TAG}:{path}")
+    names, states = [name for name, _ in tree.steps()], {}
+    for name in names:
+        blobs = tuple(tree.git(repo, "rev-parse", f"{tree.step_ref(name)}:{f}") for f in files)
+        states.setdefault(blobs, name)
+    site = str(ROOT / "upstream" / "site")  # the CPU shims sglang's imports need here
+    dest = tmp_path / "tree"
+    tree.worktree_at(repo, base, dest, tree.step_ref(names[0]))
+    try:
+        for at in states.values():
+            tree.git(dest, "checkout", "-q", "--detach", tree.step_ref(at))
+            python_path = os.pathsep.join([str(dest / "python"), site])
+            env = dict(os.environ, SGLANG_PLUGINS="none", PYTHONPATH=python_path)
             cmd = [sys.executable, "-c", _ASK_PLUGIN, *STEP_FIXING]
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-        finally:
-            if at is not None:
-                tree.remove_worktree(repo, dest)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        answers = json.loads(proc.stdout.strip().splitlines()[-1])
-        fixed_by = names[: names.index(at) + 1] if at is not None else []
-        want = {cls: step in fixed_by for cls, step in STEP_FIXING.items()}
-        assert answers == want, (at or "stock 0.5.23", answers)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            answers = json.loads(proc.stdout.strip().splitlines()[-1])
+            fixed_by = names[: names.index(at) + 1]
+            want = {cls: step in fixed_by for cls, step in STEP_FIXING.items()}
+            assert answers == want, (at, answers)
+    finally:
+        tree.remove_worktree(repo, dest)
