@@ -240,3 +240,64 @@ def test_plugin_steps_aside_on_the_patched_tree(branch_tree, load_draft, tmp_pat
         assert torch.equal(value, want), key
         compared += 1
     assert compared == len(loaded) - 1
+
+
+#: draft class -> the first step whose tree dequantizes its ModelSlim weights itself
+STEP_FIXING = {
+    "qwen3_5_mtp.Qwen3_5ForCausalLMMTP": "series",
+    "qwen4_exp_mtp.Qwen4ExpForCausalLMMTP": "series",  # inherits Qwen3.5's load_weights
+    "qwen3_next_mtp.Qwen3NextForCausalLMMTP": "03-npu-qwen3-next-mtp-dequant",
+    "glm4_moe_nextn.Glm4MoeForCausalLMNextN": "04-npu-glm-nextn-dequant",
+    "glm4_moe_lite_nextn.Glm4MoeLiteForCausalLMNextN": "04-npu-glm-nextn-dequant",
+    "deepseek_nextn.DeepseekV3ForCausalLMNextN": None,  # no step changes it
+}
+# the plugin's own question, asked of each class in a process whose sglang is on PYTHONPATH
+_ASK_PLUGIN = """
+import json, pkgutil, sys
+from sglang_mtp_dequant.serving.plugin import sglang_dequantizes_drafts
+from sglang_mtp_dequant.serving.sglang_private import unwrapped
+answers = {}
+for path in sys.argv[1:]:
+    cls = pkgutil.resolve_name("sglang.srt.models." + path)
+    answers[path] = sglang_dequantizes_drafts(unwrapped(cls.load_weights))
+print(json.dumps(answers))
+"""
+
+
+@pytest.mark.slow
+def test_plugin_steps_aside_per_class_only_from_the_step_that_fixes_it(branch_tree, tmp_path):
+    """The plugin's ``sglang_dequantizes_drafts`` on each draft class's real ``load_weights``:
+    False before the step that patches the class, True from that step on (Qwen3.5 and
+    Qwen4-Exp from PR 1, Qwen3-Next from step 03, both GLM NextN classes from step 04), never
+    for a class no step touches. One process per distinct state of the draft classes' files
+    (steps that leave them alone share one), in one worktree checked out at each step in
+    turn; stock sglang (the baseline) does not have the name in any of those files."""
+    import json
+    import os
+    import subprocess
+
+    repo, base, _ = branch_tree
+    files = sorted({f"python/sglang/srt/models/{c.split('.')[0]}.py" for c in STEP_FIXING})
+    for path in files:  # stock sglang: the baseline's files never name the fix's function
+        assert "_load_mtp_w8a8_dequant_scales" not in tree.git(repo, "show", f"{tree.TAG}:{path}")
+    names, states = [name for name, _ in tree.steps()], {}
+    for name in names:
+        blobs = tuple(tree.git(repo, "rev-parse", f"{tree.step_ref(name)}:{f}") for f in files)
+        states.setdefault(blobs, name)
+    site = str(ROOT / "upstream" / "site")  # the CPU shims sglang's imports need here
+    dest = tmp_path / "tree"
+    tree.worktree_at(repo, base, dest, tree.step_ref(names[0]))
+    try:
+        for at in states.values():
+            tree.git(dest, "checkout", "-q", "--detach", tree.step_ref(at))
+            python_path = os.pathsep.join([str(dest / "python"), site])
+            env = dict(os.environ, SGLANG_PLUGINS="none", PYTHONPATH=python_path)
+            cmd = [sys.executable, "-c", _ASK_PLUGIN, *STEP_FIXING]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            answers = json.loads(proc.stdout.strip().splitlines()[-1])
+            fixed_by = names[: names.index(at) + 1]
+            want = {cls: step in fixed_by for cls, step in STEP_FIXING.items()}
+            assert answers == want, (at, answers)
+    finally:
+        tree.remove_worktree(repo, dest)
