@@ -3,7 +3,7 @@
 Usage::
 
     with WriteRecorder(model, from_target=spec.from_target) as writes:
-        model.load_weights(stream.apply(weights))        # (plugin.py does this)
+        model.load_weights(writes.follow(stream.apply(weights)))  # (load.py does this)
     load = DraftLoad.of("Qwen3_5ForCausalLMMTP", "/ckpt", stream, writes, seconds)
     check_loaded_draft(model, load)                      # raises, warns or passes
 
