@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..sglang_private import expert_map, swap_weight_loader
+from ..sglang_private import expert_map, swap_weight_loader, weight_loader_slot
 
 _ALL = ("all",)
 Item = TypeVar("Item")
@@ -50,31 +50,33 @@ class _Tap:
     it. Shared by nested recorders (``verify`` records a load whose hook records it too)."""
 
     def __init__(self, param: torch.nn.Parameter, original: Callable[..., Any]) -> None:
-        self.param = param
         self.original = original
         self.listeners: list[Listener] = []
+        #: where ``param.weight_loader`` is read from: the parameter's attributes and the key
+        self.attributes, self.slot = vars(param), weight_loader_slot(param)
+        self.unbound = _Credited(self.call, None)
 
-    def bind(self, source: str | None) -> None:
-        """Make ``param.weight_loader`` a loader that credits ``source``: what sglang reads
-        while it processes that checkpoint tensor, whenever and on whichever thread it calls it."""
-        swap_weight_loader(self.param, _Credited(self, source))
-
-
-class _Credited:
-    """A parameter's loader, as sglang read it while processing checkpoint tensor ``source``:
-    calls the original with the same arguments, returns its result, tells the listeners."""
-
-    __slots__ = ("__wrapped__", "source", "tap")
-
-    def __init__(self, tap: _Tap, source: str | None) -> None:
-        self.tap, self.source = tap, source
-        self.__wrapped__ = tap.original  # functools' convention: what this wraps
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        result = self.tap.original(*args, **kwargs)
-        for listener in self.tap.listeners:
-            listener(args, kwargs, self.source)
+    def call(self, source: str | None, *args: Any, **kwargs: Any) -> Any:
+        """The original loader with sglang's arguments and its result; the listeners told."""
+        result = self.original(*args, **kwargs)
+        for listener in self.listeners:
+            listener(args, kwargs, source)
         return result
+
+
+class _Credited(functools.partial):
+    """A parameter's loader as sglang read it while processing checkpoint tensor ``source``
+    (``_Credited(tap.call, source)``: a partial, made once per parameter and streamed name)."""
+
+    __slots__ = ()
+
+    @property
+    def tap(self) -> _Tap:
+        return self.func.__self__  # type: ignore[attr-defined]
+
+    @property
+    def __wrapped__(self) -> Callable[..., Any]:  # functools' convention: what this wraps
+        return self.tap.original
 
 
 class WriteRecorder:
@@ -88,10 +90,10 @@ class WriteRecorder:
 
     Which checkpoint tensor: the one sglang was processing when it read that attribute. The stream
     tells the recorder each draft name it hands sglang (``on_streamed``), and every parameter's
-    attribute is then a loader bound to that name, until sglang asks for the next tensor
-    (``follow``) or the next draft name arrives. sglang reads a parameter's loader in the loop body
-    of the name it maps to the parameter, so a call credits that name wherever it runs: DeepSeek's
-    NextN submits its calls to a thread pool and they run later, still bound to their names.
+    attribute is then a loader bound to that name, until the next draft name arrives or the
+    stream ends (``follow``). sglang reads a parameter's loader in the loop body of the name it
+    maps to the parameter, so a call credits that name wherever it runs: DeepSeek's NextN submits
+    its calls to a thread pool and they run later, still bound to their names.
     Writes sglang makes otherwise are sglang 0.5.23's, handled by name and listed:
     ``CONCATENATED`` (a write made while the last of its parts is processed) and
     ``WRITTEN_WITHOUT_LOADER``.
@@ -125,7 +127,6 @@ class WriteRecorder:
         #: every draft name the stream handed sglang, in order (a dict: ordered, no repeats)
         self._streamed: dict[str, None] = {}
         self._fed: set[str] = set()
-        self._bound = False
         self._lock = threading.Lock()  # DeepSeek's thread pool records concurrently
 
     # -- installing -----------------------------------------------------------------------
@@ -139,7 +140,7 @@ class WriteRecorder:
                 tap = current.tap
             else:
                 tap = _Tap(param, current)
-                self._undo.append(swap_weight_loader(param, _Credited(tap, None)))
+                self._undo.append(swap_weight_loader(param, tap.unbound))
             owner = _owner(tap.original)
             self._expected[name] = _expected_parts(owner, name)
             listener = functools.partial(self._record, name, _part_reader(owner))
@@ -161,22 +162,20 @@ class WriteRecorder:
 
     def on_streamed(self, name: str, tensor: torch.Tensor) -> None:
         """The stream hands draft tensor ``name`` to sglang: every loader sglang reads from now
-        until it asks for the next tensor credits ``name``. (``tensor`` is not looked at.)"""
+        until the next draft name (or the end of a followed stream) credits ``name``.
+        (``tensor`` is not looked at.)"""
         self._streamed[name] = None
+        # once per parameter and streamed name, so straight into the attribute's slot
         for tap in self._taps:
-            tap.bind(name)
-        self._bound = True
+            tap.attributes[tap.slot] = _Credited(tap.call, name)
 
     def follow(self, weights: Iterable[Item]) -> Iterator[Item]:
-        """``weights`` unchanged, unbinding the loaders each time sglang asks for the next
-        tensor: sglang is done with the last one, so a loader read afterwards is not its (a loop
-        that reads the whole stream before loading credits no name rather than the last)."""
-        for item in weights:
-            yield item
-            if self._bound:
-                for tap in self._taps:
-                    tap.bind(None)
-                self._bound = False
+        """``weights`` unchanged, the loaders unbound when sglang has read the last tensor: a
+        loader read afterwards is no name's (DeepSeek's loader reads the whole stream first when
+        it requantizes NVFP4 checkpoints, ``_maybe_quant_weights_to_fp8_ue8m0``)."""
+        yield from weights
+        for tap in self._taps:
+            tap.attributes[tap.slot] = tap.unbound
 
     def _record(
         self,
