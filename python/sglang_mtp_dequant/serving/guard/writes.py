@@ -213,7 +213,7 @@ class WriteRecorder:
             self._expected[target] = {("copied", part) for part in parts}
             for source in [n for n in self._streamed if n not in self._fed]:
                 tokens = source.split(".")
-                if tokens[-3:-2] == module and tokens[-2:-1] and tokens[-2] in parts:
+                if tokens[-3:-2] == module and tokens[-2] in parts:
                     self._credit(target, source)
                     if tokens[-1] == "weight":
                         self.written[target].add(("copied", tokens[-2]))
