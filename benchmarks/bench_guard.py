@@ -19,8 +19,8 @@ sglang's real DeepSeek-V3 NextN draft class with DeepSeek-V3's 256 routed expert
 tiny dimensions: the record's cost is per name and per loader call, not per byte): the class's
 own ``load_weights`` on a float checkpoint of its layer, with and without the record (told each
 draft name as the plugin's stream tells it, following the stream as the hook does). DeepSeek's
-loader writes from its thread pool; CPU seconds of the process (every thread), best of
-``REPEATS`` alternated loads.
+loader writes from its thread pool; CPU seconds of the process (every thread), the median of
+``REPEATS`` alternated pairs of loads and of their differences.
 
 On a GPU the guard runs where the parameters are; this measures the CPU only.
 """
@@ -28,6 +28,7 @@ On a GPU the guard runs where the parameters are; this measures the CPU only.
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 
 import support_on_path  # noqa: F401  (test/ on sys.path, for support.*)
@@ -40,7 +41,7 @@ from support.shapes import HEAD_DIM, HIDDEN, QWEN35_27B_MTP
 
 #: DeepSeek-V3's routed experts, for the write record's case
 EXPERTS = 256
-REPEATS = 10
+REPEATS = 20
 
 _MTP = {name.split(".")[-2]: shape for name, shape in QWEN35_27B_MTP.items()}
 
@@ -154,26 +155,24 @@ def time_write_record() -> str:
     assert spec is not None
     is_draft = spec.draft_names(model)
     load_weights = unwrapped(type(model).load_weights)  # sglang's own, the hook bypassed
-    seconds: dict[bool, float] = {False: float("inf"), True: float("inf")}
-    calls = 0
+    stock, recorded, differences = [], [], []
     for _ in range(REPEATS):
-        for recorded in (False, True):
-            started = time.process_time()  # CPU seconds, of every thread: the pool's too
-            if recorded:
-                with WriteRecorder(model, spec.from_target) as writes:
-                    load_weights(model, writes.follow(_observed(weights, is_draft, writes)))
-                assert writes.unwritten() == {} and writes.skipped_names() == []
-                calls = sum(len(parts) for parts in writes.written.values())
-            else:
-                load_weights(model, iter(weights))
-            seconds[recorded] = min(seconds[recorded], time.process_time() - started)
+        started = time.process_time()  # CPU seconds, of every thread: the pool's too
+        load_weights(model, iter(weights))
+        stock.append(time.process_time() - started)
+        started = time.process_time()
+        with WriteRecorder(model, spec.from_target) as writes:
+            load_weights(model, writes.follow(_observed(weights, is_draft, writes)))
+        recorded.append(time.process_time() - started)
+        differences.append(recorded[-1] - stock[-1])
+        assert writes.unwritten() == {} and writes.skipped_names() == []
+    calls = sum(len(parts) for parts in writes.written.values())
     names = sum(1 for name, _ in weights if is_draft(name))
-    cost = seconds[True] - seconds[False]
     return (
         f"write record, DeepSeek-V3 NextN with {EXPERTS} experts ({names} draft names, "
         f"{len(writes.params)} parameters, {calls} parts written): load_weights "
-        f"{seconds[False]:.3f} CPU s, recorded {seconds[True]:.3f} CPU s, the record "
-        f"{cost * 1e3:.1f} CPU ms"
+        f"{statistics.median(stock):.3f} CPU s, recorded {statistics.median(recorded):.3f} CPU s, "
+        f"the record {statistics.median(differences) * 1e3:.1f} CPU ms (medians of {REPEATS} pairs)"
     )
 
 
