@@ -42,6 +42,8 @@ from support.shapes import HEAD_DIM, HIDDEN, QWEN35_27B_MTP
 #: DeepSeek-V3's routed experts, for the write record's case
 EXPERTS = 256
 REPEATS = 20
+#: the hidden size of the tests' NextN config (``support.draft_cases.nextn_config``)
+HIDDEN_NEXTN = 64
 
 _MTP = {name.split(".")[-2]: shape for name, shape in QWEN35_27B_MTP.items()}
 
@@ -139,10 +141,6 @@ def nextn_draft() -> tuple[torch.nn.Module, list[tuple[str, torch.Tensor]]]:
     weights[f"{mlp}.gate.weight"] = torch.zeros(EXPERTS, HIDDEN_NEXTN)
     weights[f"{mlp}.gate.e_score_correction_bias"] = torch.zeros(EXPERTS)
     return model, sorted(weights.items())
-
-
-#: the hidden size of the tests' NextN config
-HIDDEN_NEXTN = 64
 
 
 def time_write_record() -> str:
