@@ -228,7 +228,7 @@ class DraftLoad:
                 refuse_raw_codes=self.setting.refuse_raw_codes,
             )
             started = time.perf_counter()
-            result = original(model, stream.apply(weights), *args, **kwargs)
+            result = original(model, writes.follow(stream.apply(weights)), *args, **kwargs)
             self.seconds = time.perf_counter() - started
         self.plan, self.streamed, self.stats, self.writes = (
             stream.plan,

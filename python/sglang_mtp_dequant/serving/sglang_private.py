@@ -310,11 +310,12 @@ LEDGER: tuple[Private, ...] = (
         why="the write recorder wraps every draft parameter's weight_loader for one load; the "
         "parameters of quantized layers (compressed-tensors, ModelOpt, ... schemes) are "
         "BasevLLMParameter, whose weight_loader is a read-only property over this attribute",
-        how="swapped for a wrapper that calls the original with the same arguments, and "
-        "restored when load_weights returns (guard/writes.py, through swap_weight_loader)",
+        how="swapped for a wrapper that calls the original with the same arguments (one per "
+        "streamed draft name, set in this attribute: weight_loader_slot), and restored when "
+        "load_weights returns (guard/writes.py, through swap_weight_loader)",
         remove_when="sglang reports parameter writes to plugins, or the property gets a setter",
         spelled=(V2_LOADER_ATTRIBUTE,),
-        accessors=("swap_weight_loader",),
+        accessors=("swap_weight_loader", "weight_loader_slot"),
     ),
     Private(
         name="sglang.srt.runtime_context (get_model, get_spec, get_server_args, publish, "
@@ -459,20 +460,25 @@ def expert_map(module: Any) -> Any:
     return mapping if callable(mapping) else None
 
 
+def weight_loader_slot(param: Any) -> str:
+    """The attribute of ``param`` that holds what ``param.weight_loader`` returns: itself on a
+    plain parameter, ``_weight_loader`` on a ``BasevLLMParameter`` (a read-only property)."""
+    if isinstance(getattr(type(param), "weight_loader", None), property):
+        return V2_LOADER_ATTRIBUTE
+    return "weight_loader"
+
+
 def swap_weight_loader(param: Any, loader: Any) -> Any:
     """Make ``loader`` what ``param.weight_loader`` returns; return the function that undoes
     it. A plain parameter holds the attribute itself (or none: sglang's loaders then use
     ``default_weight_loader``); a ``BasevLLMParameter`` answers it from a read-only property."""
-    if isinstance(getattr(type(param), "weight_loader", None), property):
-        saved = getattr(param, V2_LOADER_ATTRIBUTE)
-        setattr(param, V2_LOADER_ATTRIBUTE, loader)
-        return lambda: setattr(param, V2_LOADER_ATTRIBUTE, saved)
-    if "weight_loader" in vars(param):
-        saved = vars(param)["weight_loader"]
-        param.weight_loader = loader
-        return lambda: setattr(param, "weight_loader", saved)
-    param.weight_loader = loader
-    return lambda: delattr(param, "weight_loader")
+    slot = weight_loader_slot(param)
+    if slot in vars(param):
+        saved = vars(param)[slot]
+        setattr(param, slot, loader)
+        return lambda: setattr(param, slot, saved)
+    setattr(param, slot, loader)
+    return lambda: delattr(param, slot)
 
 
 def holds_global_experts(param: Any) -> bool:

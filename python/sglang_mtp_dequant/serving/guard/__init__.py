@@ -3,9 +3,8 @@
 Usage::
 
     with WriteRecorder(model, from_target=spec.from_target) as writes:
-        model.load_weights(stream.apply(weights))        # (plugin.py does this)
-    load = DraftLoad.of("Qwen3_5ForCausalLMMTP", "/ckpt", stream, writes, seconds)
-    check_loaded_draft(model, load)                      # raises, warns or passes
+        model.load_weights(writes.follow(stream.apply(weights)))  # (load.py does this)
+    check_loaded_draft(model, load)   # load: the DraftLoad that ran it; raises, warns or passes
 
 ``SGLANG_MTP_DEQUANT_GUARD`` = ``error`` (default: stop the start-up) | ``warn`` (log the same
 message once and go on) | ``off`` (skip the check).

@@ -4,7 +4,7 @@ Usage::
 
     with WriteRecorder(model, from_target=("embed_tokens", "lm_head")) as writes:
         stream = DequantizingStream(..., observer=writes.on_streamed)
-        model.load_weights(stream.apply(weights))
+        model.load_weights(writes.follow(stream.apply(weights)))
     writes.unwritten()        # {"model.layers.0.qkv_proj.weight": "shard 'k'", ...}
     writes.skipped_names()    # draft checkpoint names that reached no parameter
     writes.fed_by["model.layers.0.qkv_proj.weight"]   # the names that wrote it
@@ -12,33 +12,91 @@ Usage::
 Why: sglang's draft ``load_weights`` skip names they do not know (a log line at best, nothing
 at worst) and never check that every parameter was written, so a checkpoint missing one
 projection, one expert or ``mtp.fc``, or naming one the class does not expect, starts a
-server whose draft holds uninitialised memory. How the writes are recorded and what a part
-is, on ``WriteRecorder``.
+server whose draft holds uninitialised memory. How a write is told to its parameter and to
+its checkpoint tensor, and what a part is, on ``WriteRecorder``.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-import weakref
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import torch
 
-from ..parameter_names import DEFAULT_PACKED
-from ..sglang_private import expert_map, swap_weight_loader
+from ..sglang_private import expert_map, swap_weight_loader, weight_loader_slot
 
 _ALL = ("all",)
+Item = TypeVar("Item")
+#: what one recorder does with one call of a parameter's loader: (args, kwargs, source name)
+Listener = Callable[[tuple, dict, str | None], None]
+
+#: checkpoint tensors sglang's loaders hold back and write concatenated into one parameter, in
+#: one loader call made while the last of them is processed (sglang 0.5.23
+#: ``deepseek_weight_loader.py``, ``glm4_moe_lite.py``, ``glm5_next.py``): the parameter's
+#: token -> the checkpoint tokens concatenated into it. A write credited to one is theirs all.
+CONCATENATED = {"fused_qkv_a_proj_with_mqa": ("q_a_proj", "kv_a_proj_with_mqa")}
+#: parameters sglang writes without calling their ``weight_loader`` (``param.data[...].copy_``):
+#: the parameter's token -> the checkpoint tokens whose ``weight`` fills a part of it. sglang
+#: 0.5.23's only one: ``deepseek_weight_loader._load_fused_indexer_wk`` copies the DSA indexer's
+#: ``wk`` and ``weights_proj`` into the rows of ``wk_weights_proj`` (built on CUDA only:
+#: ``dsa_indexer.use_dsa_indexer_fusion``), for DeepSeek-V3.2 and GLM-5 NextN drafts
+WRITTEN_WITHOUT_LOADER = {"wk_weights_proj": ("wk", "weights_proj")}
+
+
+class _Tap:
+    """One parameter's loader, as it was before any recorder, and the recorders listening to
+    it. Shared by nested recorders (``verify`` records a load whose hook records it too)."""
+
+    def __init__(self, param: torch.nn.Parameter, original: Callable[..., Any]) -> None:
+        self.original = original
+        self.listeners: list[Listener] = []
+        #: where ``param.weight_loader`` is read from: the parameter's attributes and the key
+        self.attributes, self.slot = vars(param), weight_loader_slot(param)
+        self.unbound = _Credited(self.call, None)
+
+    def call(self, source: str | None, *args: Any, **kwargs: Any) -> Any:
+        """The original loader with sglang's arguments and its result; the listeners told."""
+        result = self.original(*args, **kwargs)
+        for listener in self.listeners:
+            listener(args, kwargs, source)
+        return result
+
+
+class _Credited(functools.partial):
+    """A parameter's loader as sglang read it while processing checkpoint tensor ``source``
+    (``_Credited(tap.call, source)``: a partial, made once per parameter and streamed name)."""
+
+    __slots__ = ()
+
+    @property
+    def tap(self) -> _Tap:
+        return self.func.__self__  # type: ignore[attr-defined]
+
+    @property
+    def __wrapped__(self) -> Callable[..., Any]:  # functools' convention: what this wraps
+        return self.tap.original
 
 
 class WriteRecorder:
-    """Wraps every draft parameter's ``weight_loader`` for one load and records its writes.
+    """Records every write sglang's loaders make into the draft's parameters, for one load.
 
-    Every write of every hooked class goes through the parameter's ``weight_loader`` attribute, or
-    ``getattr(param, "weight_loader", default_weight_loader)`` (sglang 0.5.23, read per class), so
-    wrapping that attribute for the length of the load records each write without changing it: the
-    wrapper calls the original loader with the same arguments and returns its result.
+    Which parameter: the one whose ``weight_loader`` sglang called. Each draft parameter's
+    ``weight_loader`` attribute is replaced for the length of the load (one is set on parameters
+    that lack it, since sglang's loaders call ``getattr(param, "weight_loader",
+    default_weight_loader)``) and restored exactly afterwards; the replacement calls the original
+    with the same arguments and returns its result.
+
+    Which checkpoint tensor: the one sglang was processing when it read that attribute. The stream
+    tells the recorder each draft name it hands sglang (``on_streamed``), and every parameter's
+    attribute is then a loader bound to that name, until the next draft name arrives or the
+    stream ends (``follow``). sglang reads a parameter's loader in the loop body of the name it
+    maps to the parameter, so a call credits that name wherever it runs: DeepSeek's NextN submits
+    its calls to a thread pool and they run later, still bound to their names.
+    Writes sglang makes otherwise are sglang 0.5.23's, handled by name and listed:
+    ``CONCATENATED`` (a write made while the last of its parts is processed) and
+    ``WRITTEN_WITHOUT_LOADER``.
 
     What a part is:
 
@@ -46,9 +104,8 @@ class WriteRecorder:
       ``MergedColumnParallelLinear``: one per output size); a call without a shard id writes all;
     - a FusedMoE parameter: one per (local expert, shard) this rank keeps, asked of the layer's own
       mapping (a call for an expert another rank keeps writes nothing: the loader returns early);
+    - a ``WRITTEN_WITHOUT_LOADER`` parameter: one per checkpoint tensor copied into it;
     - anything else: the whole parameter.
-
-    DeepSeek's loader writes from a thread pool, so the record is locked.
     """
 
     def __init__(self, model: torch.nn.Module, from_target: Iterable[str] = ()) -> None:
@@ -59,31 +116,18 @@ class WriteRecorder:
             for name, param in model.named_parameters()
             if not any(token in from_target for token in name.split(".")) and name not in optional
         }
-        #: checkpoint module -> the stacked parameter module the class concatenates it into
-        packed = {**DEFAULT_PACKED, **(getattr(model, "packed_modules_mapping", None) or {})}
-        self._stacked_into = {
-            part: stacked
-            for stacked, parts in packed.items()
-            if isinstance(parts, (list, tuple))
-            for part in parts
-        }
         self.written: dict[str, set[tuple]] = {name: set() for name in self.params}
-        self._expected: dict[str, set[tuple] | None] = {}
-        self._undo: list[Callable[[], Any]] = []
-        self._lock = threading.Lock()
-        self._main = threading.get_ident()
-        self._current: str | None = None
-        #: every streamed tensor, weakly: alive means the loader (or a view of it) still holds
-        #: it, so no other tensor can occupy its bytes
-        self._streamed: dict[str, weakref.ref] = {}
-        #: (first byte, end, name) of each streamed tensor, newest last: tensors of one file
-        #: can share one storage (a buffered iterator), so bytes, not storages, tell them apart
-        self._spans: list[tuple[int, int, str]] = []
-        self._fed: set[str] = set()
-        #: parameters with a write not traced by its bytes (``_trace_stacked``)
-        self._untraced: set[str] = set()
         #: parameter -> the streamed checkpoint names whose writes reached it, in write order
         self.fed_by: dict[str, list[str]] = {name: [] for name in self.params}
+        self._credited: set[tuple[str, str]] = set()  # (parameter, name) pairs in ``fed_by``
+        self._expected: dict[str, set[tuple] | None] = {}
+        self._taps: list[_Tap] = []
+        self._joined: list[tuple[_Tap, Listener]] = []
+        self._undo: list[Callable[[], Any]] = []
+        #: every draft name the stream handed sglang, in order (a dict: ordered, no repeats)
+        self._streamed: dict[str, None] = {}
+        self._fed: set[str] = set()
+        self._lock = threading.Lock()  # DeepSeek's thread pool records concurrently
 
     # -- installing -----------------------------------------------------------------------
 
@@ -91,64 +135,88 @@ class WriteRecorder:
         from sglang.srt.model_loader.weight_utils import default_weight_loader
 
         for name, param in self.params.items():
-            original = getattr(param, "weight_loader", default_weight_loader)
-            self._expected[name] = _expected_parts(getattr(original, "__self__", None), name)
-            self._undo.append(swap_weight_loader(param, self._recording(name, original)))
+            current = getattr(param, "weight_loader", default_weight_loader)
+            if isinstance(current, _Credited):  # an outer recorder's: listen to its tap
+                tap = current.tap
+            else:
+                tap = _Tap(param, current)
+                self._undo.append(swap_weight_loader(param, tap.unbound))
+            owner = _owner(tap.original)
+            self._expected[name] = _expected_parts(owner, name)
+            listener = functools.partial(self._record, name, _part_reader(owner))
+            tap.listeners.append(listener)
+            self._taps.append(tap)
+            self._joined.append((tap, listener))
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        for undo in reversed(self._undo):
+        for tap, listener in self._joined:
+            tap.listeners.remove(listener)
+        for undo in reversed(self._undo):  # only the taps this recorder installed
             undo()
+        self._joined.clear()
         self._undo.clear()
-        self._trace_stacked()
+        self._credit_written_without_loader()
+
+    # -- following the stream -----------------------------------------------------------------
 
     def on_streamed(self, name: str, tensor: torch.Tensor) -> None:
-        """The stream hands ``name`` to sglang: writes of this tensor's storage (or a view of
-        it) on any thread are its, and so are writes on the loading thread until the next
-        name."""
+        """The stream hands draft tensor ``name`` to sglang: every loader sglang reads from now
+        until the next draft name (or the end of a followed stream) credits ``name``.
+        (``tensor`` is not looked at.)"""
+        self._streamed[name] = None
+        # once per parameter and streamed name, so straight into the attribute's slot
+        for tap in self._taps:
+            tap.attributes[tap.slot] = _Credited(tap.call, name)
+
+    def follow(self, weights: Iterable[Item]) -> Iterator[Item]:
+        """``weights`` unchanged, the loaders unbound when sglang has read the last tensor: a
+        loader read afterwards is no name's (DeepSeek's loader reads the whole stream first when
+        it requantizes NVFP4 checkpoints, ``_maybe_quant_weights_to_fp8_ue8m0``)."""
+        yield from weights
+        for tap in self._taps:
+            tap.attributes[tap.slot] = tap.unbound
+
+    def _record(
+        self,
+        name: str,
+        part_of: Callable[[tuple, dict], tuple | None],
+        args: tuple,
+        kwargs: dict,
+        source: str | None,
+    ) -> None:
+        part = part_of(args, kwargs)
+        sources = [] if source is None else _concatenated_with(name, source, self._streamed)
         with self._lock:
-            self._current = name
-            self._streamed[name] = weakref.ref(tensor)
-            start, length = _span(tensor)
-            self._spans.append((start, start + length, name))
+            if part is not None:
+                self.written[name].add(part)
+            for each in sources:
+                self._credit(name, each)
 
-    def _recording(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        module = getattr(original, "__self__", None)
-        part_of = _part_reader(module, name)
+    def _credit(self, parameter: str, source: str) -> None:
+        self._fed.add(source)
+        if (parameter, source) not in self._credited:
+            self._credited.add((parameter, source))
+            self.fed_by[parameter].append(source)
 
-        def recording_weight_loader(*args: Any, **kwargs: Any) -> Any:
-            result = original(*args, **kwargs)
-            loaded = args[1] if len(args) > 1 else kwargs.get("loaded_weight")
-            part = part_of(args, kwargs)
-            with self._lock:
-                if part is not None:
-                    self.written[name].add(part)
-                sources, by_bytes = self._sources_of(loaded)
-                if not by_bytes:
-                    self._untraced.add(name)
-                for source in sources:
-                    self._fed.add(source)
-                    if source not in self.fed_by[name]:
-                        self.fed_by[name].append(source)
-            return result
-
-        # only the original as __wrapped__ (functools' convention), no name or docstring
-        return functools.update_wrapper(recording_weight_loader, original, assigned=(), updated=())
-
-    def _sources_of(self, loaded: object) -> tuple[list[str], bool]:
-        """The streamed names a write came from, and whether its bytes told: the tensor itself
-        or a view of it, found by the bytes it points into while the streamed tensor is alive
-        (DeepSeek's thread pool writes several pulls later); else, on the loading thread, the
-        name being processed (a tensor the loader made from it). The other parts of a
-        concatenation: ``_trace_stacked``."""
-        if isinstance(loaded, torch.Tensor):
-            address = _span(loaded)[0]
-            for start, end, name in reversed(self._spans):  # recent ones first
-                if start <= address < end and self._streamed[name]() is not None:
-                    return [name], True
-        if threading.get_ident() == self._main and self._current is not None:
-            return [self._current], False
-        return [], False
+    def _credit_written_without_loader(self) -> None:
+        """``WRITTEN_WITHOUT_LOADER``: a streamed name no loader took, ``...<module>.<part>.<x>``,
+        fed the draft's one parameter ``...<module>.<token>.weight`` (a NextN draft has one
+        layer, so one); its part is written when ``<x>`` is ``weight`` (the rest are its scales).
+        Two such parameters would both stay unwritten: no name tells them apart."""
+        for token, parts in WRITTEN_WITHOUT_LOADER.items():
+            targets = [n for n in self.params if n.split(".")[-2:] == [token, "weight"]]
+            if len(targets) != 1:
+                continue
+            (target,) = targets
+            module = target.split(".")[-3:-2]
+            self._expected[target] = {("copied", part) for part in parts}
+            for source in [n for n in self._streamed if n not in self._fed]:
+                tokens = source.split(".")
+                if tokens[-3:-2] == module and tokens[-2] in parts:
+                    self._credit(target, source)
+                    if tokens[-1] == "weight":
+                        self.written[target].add(("copied", tokens[-2]))
 
     # -- the answer -------------------------------------------------------------------------
 
@@ -176,26 +244,6 @@ class WriteRecorder:
         """Streamed draft names whose tensor reached no parameter's loader."""
         return [n for n in self._streamed if n not in self._fed]
 
-    def _trace_stacked(self) -> None:
-        """What bytes cannot trace: sglang's MLA loaders hold ``q_a_proj`` until
-        ``kv_a_proj_with_mqa`` arrives and write the concatenation of the two, a new tensor
-        (DeepSeek's from its thread pool). A name stacked (``parameter_names.DEFAULT_PACKED``, the
-        class's ``packed_modules_mapping``) into a parameter with the same tail (e.g.
-        ``...fused_qkv_a_proj_with_mqa.weight``) that had a write its bytes did not trace,
-        and traced to no other write, fed it."""
-        written = sorted(self._untraced)
-        for name in [n for n in self._streamed if n not in self._fed]:
-            tokens = name.split(".")
-            for i, token in enumerate(tokens):
-                stacked = self._stacked_into.get(token)
-                if stacked is None:
-                    continue
-                tail = ".".join([stacked, *tokens[i + 1 :]])
-                for param in written:
-                    if param == tail or param.endswith(f".{tail}"):
-                        self._fed.add(name)
-                        self.fed_by[param].append(name)
-
 
 def optional_parameters(model: torch.nn.Module) -> set[str]:
     """Parameters sglang builds with their final value that a correct checkpoint may lack.
@@ -215,16 +263,28 @@ def optional_parameters(model: torch.nn.Module) -> set[str]:
     }
 
 
-def _span(tensor: torch.Tensor) -> tuple[int, int]:
-    """(first byte, length) of a tensor's elements. A tensor without memory (the doctor's dry
-    run on the meta device) gets a one-byte span at its own id: only it can match."""
-    try:
-        start = tensor.data_ptr()
-    except Exception:  # noqa: BLE001 - tensor subclasses without storage
-        start = 0
-    if not start:
-        return id(tensor), 1
-    return start, max(1, tensor.numel() * tensor.element_size())
+def _concatenated_with(parameter: str, source: str, streamed: Iterable[str]) -> list[str]:
+    """``source`` and, for a ``CONCATENATED`` parameter, its streamed partners: the same name
+    with the part's token swapped (``...q_a_proj.weight`` for ``...kv_a_proj_with_mqa.weight``)."""
+    parts = CONCATENATED.get(parameter.rpartition(".")[0].rpartition(".")[2])  # <module>.weight
+    if not parts:
+        return [source]
+    tokens = source.split(".")
+    found = [source]
+    for i, token in enumerate(tokens):
+        if token in parts:
+            for other in parts:
+                partner = ".".join([*tokens[:i], other, *tokens[i + 1 :]])
+                if other != token and partner in streamed:
+                    found.append(partner)
+    return found
+
+
+def _owner(loader: Callable[..., Any]) -> Any:
+    """The module a loader is a bound method of (through a ``functools.partial``), or None."""
+    if isinstance(loader, functools.partial):
+        loader = loader.func
+    return getattr(loader, "__self__", None)
 
 
 def _arg(args: tuple, kwargs: dict, index: int, *names: str) -> Any:
@@ -234,7 +294,7 @@ def _arg(args: tuple, kwargs: dict, index: int, *names: str) -> Any:
     return args[index] if len(args) > index else None
 
 
-def _part_reader(module: Any, name: str) -> Callable[[tuple, dict], tuple | None]:
+def _part_reader(module: Any) -> Callable[[tuple, dict], tuple | None]:
     """How to read, from one weight_loader call, which part of the parameter it wrote."""
     mapping = expert_map(module) if module is not None else None
     if mapping is not None:
@@ -280,6 +340,8 @@ def _expected_parts(module: Any, name: str) -> set[tuple] | None:
 def _describe_parts(parts: list[tuple], total: int) -> str:
     if parts[0][0] == "shard":
         return "shard " + ", ".join(repr(p[1]) for p in parts) + f" of {total}"
+    if parts[0][0] == "copied":
+        return "rows of " + ", ".join(repr(p[1]) for p in parts) + f" of {total}"
     experts = sorted({p[0] for p in parts})
     shown = ", ".join(str(e) for e in experts[:8]) + (" ..." if len(experts) > 8 else "")
     return f"{len(parts)} of {total} expert shards (local experts {shown})"
