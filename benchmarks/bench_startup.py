@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("ready_s", *TIMING_KEYS):
         print(f"{key} min/median: {figure(key)}")
     if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"machine": describe(), "starts": starts, "load_plugins_ms": loads}, handle)
     print(

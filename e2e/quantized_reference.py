@@ -1,32 +1,35 @@
 """The quantized target computed by transformers: a reference of a W8A8_DYNAMIC export that no
-sglang code computes.
+sglang code computes, set against the float decode and sglang's own targets.
 
 Usage (``make e2e-quantized-reference`` runs both bundled hybrid exports with ``--serve``)::
 
-    .venv/bin/python -m e2e.quantized_reference --model test/fixtures/e2e/hybrid_qwen36_recipe \\
-        --float test/fixtures/e2e/hybrid_float [--serve] [--server-json run.json] [--attribute]
+    .venv/bin/python -m e2e.quantized_reference --model test/fixtures/e2e/hybrid_qwen36_recipe \
+        --float test/fixtures/e2e/hybrid_float [--serve | --server-json run.json] [--attribute]
 
 transformers' model class of the float folder (as ``hf_reference.py`` runs it) is built from the
 export's config and given the export's tensors: every FLOAT one as stored, and every linear layer
 the export's ``quant_model_description.json`` calls W8A8_DYNAMIC replaced by what that scheme
 computes: the weight ``(q - offset) * scale`` decoded from the export's codes, the activation
 quantized per token to symmetric int8 (``scale = max|x| / 127``, round half to even, CANN's
-``npu_dynamic_quant`` formula), their product, all in float32 (the dtype the CPU servers run;
-``--dtype float64`` shows how far float rounding alone moves it). It decodes the harness's
-prompts greedily (byte ids, EOS ignored, as the servers and ``hf_reference`` do) and sets its
-tokens against transformers' float decode, position by position (the harness's
-``target_agree``), and against sglang's: ``--server-json`` (a harness ``--json`` of a run on
-the export: its ``reference`` and ``float_reference`` tokens) or ``--serve`` (those two servers
-started here as the harness starts them, their top log-probabilities returned too).
+``npu_dynamic_quant`` formula), their product, all in float32 (the dtype the CPU servers run).
+It decodes the harness's prompts greedily (byte ids, EOS ignored, as the servers and
+``hf_reference`` do) and sets its tokens against transformers' float decode, position by
+position (the harness's ``target_agree``), and against sglang's: ``--server-json`` (a harness
+``--json`` of a run on the export: its ``reference`` and ``float_reference`` tokens) or
+``--serve`` (those two servers started here as the harness starts them, sglang's top
+log-probabilities of every step returned too).
 
-At every place one quantized decode first leaves the float one it prints, for each decode that
-reached it on the float path, the logit of the float's token minus the quantized one's
-(sglang's log-probabilities differ by the same amount): a near tie shows as a small number in
-every row. ``--attribute`` adds which quantized layers move that difference.
+Where a quantized decode first leaves the float path it prints, for each decode that reached
+that step on the float path, the logit of the float's token minus the other's (sglang's
+log-probabilities differ by the same amount), and each model's after the same context computed
+in one forward (a prefill; with ``--serve`` sglang's too): a near tie shows as a small number in
+every row. How far float rounding alone moves these gaps: the same two models decoded in
+float64, their per-step gaps against float32's (and, with ``--serve``, sglang's against
+transformers'). ``--attribute`` adds which quantized layers move each tie.
 
 Last line::
 
-    quantized_reference <folder> agree_float=a/n [reference=b/n ...] first_difference=i,j,..
+    quantized_reference <folder> agree_float=a/n [sglang_agree_float=b/n equal_to_sglang=c/n ...]
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from safetensors import safe_open
@@ -49,7 +53,6 @@ TARGET_PREFIX = "model."
 INT8_MAX = 127
 #: top logits kept per step (the float's and the quantized choice are both among them)
 TOP = 5
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
 #: the decodes set against each other (when both ran), and their key in the last line
 COMPARISONS = (
     ("transformers quantized", "transformers float", "agree_float"),
@@ -186,10 +189,18 @@ def greedy(model: nn.Module, prompts: list[list[int]], new_tokens: int) -> list[
     return out
 
 
-def served(model: str, label: str, prompts, new_tokens: int, log_dir: str) -> list[Decode]:
+def top_of(step: list) -> dict[int, float]:
+    """sglang's ``[logprob, token id, text]`` entries of one step as token id -> logprob."""
+    return {int(i): float(v) for v, i, *_ in step}
+
+
+def served(
+    model: str, label: str, prompts, new_tokens: int, log_dir: str, probes: Probes
+) -> list[Decode]:
     """sglang's greedy decode of ``prompts`` by the harness's ``label`` server (``reference``:
     ``model`` with ``--quantization modelslim``, plugin on; ``float_reference``: a float
-    folder), with sglang's top log-probabilities of each step."""
+    folder), with sglang's top log-probabilities of each step; then each of ``probes``' contexts
+    and those where this decode first leaves the float path, as one prefill (one new token)."""
     from e2e.client import generate
     from e2e.plan import MODELSLIM
     from e2e.server import Server, ServerRun
@@ -197,13 +208,62 @@ def served(model: str, label: str, prompts, new_tokens: int, log_dir: str) -> li
     quantization = MODELSLIM if label == "reference" else None
     run = ServerRun(label, model, speculative=False, plugin=True, quantization=quantization)
     out = []
+    who = f"sglang {'quantized' if quantization else 'float'}"
     with Server(run, log_dir) as server:
         print(f"sglang {label} server up in {server.started_seconds:.0f} s", flush=True)
         for prompt in prompts:
             answer = generate(server.url, prompt, new_tokens, top_logprobs=TOP)
-            steps = answer.meta["output_top_logprobs"]
-            top = [{int(i): float(v) for v, i, *_ in step} for step in steps]
-            out.append(Decode(answer.output_ids, top))
+            out.append(
+                Decode(answer.output_ids, [top_of(s) for s in answer.meta["output_top_logprobs"]])
+            )
+        probes.add_differences(out)
+        for point, context in probes.contexts.items():
+            answer = generate(server.url, context, 1, top_logprobs=TOP)
+            probes.tops.setdefault(point, {})[who] = top_of(answer.meta["output_top_logprobs"][0])
+    return out
+
+
+@dataclass
+class Probes:
+    """The places where a quantized decode first leaves the float path (prompt, step), each
+    context on the float path up to there, and each model's top logits after that context
+    computed in ONE forward (a prefill) rather than step by step."""
+
+    prompts: list[list[int]]
+    float_path: list[list[int]]
+    contexts: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+    tops: dict[tuple[int, int], dict[str, dict[int, float]]] = field(default_factory=dict)
+
+    def add_differences(self, decodes: list[Decode]) -> None:
+        from e2e.checks import first_difference
+
+        for p, decode in enumerate(decodes):
+            t = first_difference(self.float_path[p], decode.tokens)
+            if t < len(self.float_path[p]):
+                self.contexts[(p, t)] = self.prompts[p] + self.float_path[p][:t]
+
+    def forward(self, who: str, model: nn.Module) -> None:
+        with torch.no_grad():
+            for point, context in self.contexts.items():
+                logits = model(torch.tensor([context])).logits[0, -1].double()
+                values, indices = logits.topk(TOP)
+                top = {int(i): float(v) for i, v in zip(indices, values, strict=True)}
+                self.tops.setdefault(point, {})[who] = top
+
+
+def discrepancy(a: list[Decode], b: list[Decode]) -> list[float]:
+    """At each step both decodes reached on the same path: the largest difference between
+    their logit gaps (each top token's logit minus the first decode's choice's; sglang's
+    log-probabilities give the same gaps), over the tokens in both tops."""
+    out = []
+    for x, y in zip(a, b, strict=True):
+        for t, (tx, ty) in enumerate(zip(x.top, y.top, strict=True)):
+            if x.tokens[:t] != y.tokens[:t]:
+                break
+            chosen = x.tokens[t]
+            common = [k for k in tx if k in ty]
+            if chosen in ty:
+                out.append(max(abs((tx[k] - tx[chosen]) - (ty[k] - ty[chosen])) for k in common))
     return out
 
 
@@ -229,27 +289,34 @@ def show(token: int) -> str:
     return repr(chr(token)) if token < 128 else str(token)
 
 
-def tie_rows(decodes: dict[str, list[Decode]], prompt: int, step: int, a: int, b: int):
-    """Each decode's logit(a) - logit(b) at ``step`` of ``prompt``, if it got there on the float
-    path (the first decode's)."""
-    path = decodes["transformers float"][prompt].tokens[:step]
+def tie_rows(decodes: dict[str, list[Decode]], probes: Probes, point, a: int, b: int):
+    """Each decode's logit(a) - logit(b) at ``point`` (prompt, step), if it got there on the
+    float path, and each model's after the same context in one forward."""
+    prompt, step = point
     rows = []
     for who, runs in decodes.items():
         decode = runs[prompt]
-        if decode.tokens[:step] != path:
+        if decode.tokens[:step] != probes.float_path[prompt][:step]:
             rows.append(f"    {who}: left the float path earlier")
         elif not decode.top:
             rows.append(f"    {who}: chose {show(decode.tokens[step])} (no logits recorded)")
         else:
-            gap = decode.gap(step, a, b)
-            said = "not both in its top 5" if gap is None else f"{gap:+.4f}"
-            rows.append(f"    {who}: chose {show(decode.tokens[step])}, gap {said}")
+            rows.append(
+                f"    {who}: chose {show(decode.tokens[step])}, {gap_of(decode.top[step], a, b)}"
+            )
+    for who, top in probes.tops.get(point, {}).items():
+        rows.append(f"    {who}, the context in one forward: {gap_of(top, a, b)}")
     return rows
+
+
+def gap_of(top: dict[int, float], a: int, b: int) -> str:
+    return f"gap {top[a] - top[b]:+.4f}" if a in top and b in top else "not both in its top 5"
 
 
 def attribute(model: str, float_folder: str, context: list[int], a: int, b: int) -> list[str]:
     """logit(a) - logit(b) after ``context`` (one forward) with every layer float, every
-    described layer quantized, each quantized alone, and all but each."""
+    described layer quantized, all but each kind (``linear_attn``, ``in_proj_z``, ...), each
+    quantized alone, and all but each."""
     layers = quantized_linears(model)
 
     def gap(quantized: list[str]) -> float:
@@ -258,6 +325,10 @@ def attribute(model: str, float_folder: str, context: list[int], a: int, b: int)
         return float(logits[a] - logits[b])
 
     lines = [f"    none quantized {gap([]):+.4f}, all {len(layers)} {gap(layers):+.4f}"]
+    groups = sorted({part for layer in layers for part in layer.split(".")[-2:]})
+    for group in groups:  # e.g. every linear_attn layer, every in_proj_z
+        kept = [x for x in layers if group not in x.split(".")[-2:]]
+        lines.append(f"    all but every *{group}* ({len(layers) - len(kept)}): {gap(kept):+.4f}")
     for layer in layers:
         alone, without = gap([layer]), gap([x for x in layers if x != layer])
         lines.append(f"    {layer}: alone {alone:+.4f}, all but it {without:+.4f}")
@@ -271,11 +342,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--server-json", default=None, help="a harness --json of a run on it")
     parser.add_argument("--serve", action="store_true", help="start sglang's two targets here")
     parser.add_argument("--log-dir", default=os.path.join(REPO, ".cache", "e2e", "qref"))
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--prompts", type=int, default=4, help="held-out prompts (as the harness)")
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt")
     parser.add_argument("--prompt-len", type=int, default=64, help="bytes per prompt")
     parser.add_argument("--attribute", action="store_true", help="which layers move each tie")
+    parser.add_argument("--json", default=None, help="write every decode's tokens and logits")
     return parser.parse_args(argv)
 
 
@@ -289,49 +360,89 @@ def main(argv: list[str] | None = None) -> int:
     print(describe(), flush=True)
     prompts = heldout_prompts(args.prompts, args.prompt_len)
     model, float_folder = os.path.abspath(args.model), os.path.abspath(args.float)
-    dtype = DTYPES[args.dtype]
     name = os.path.basename(model)
-    decodes = {
-        "transformers float": greedy(build(float_folder, dtype=dtype), prompts, args.new_tokens),
-        "transformers quantized": greedy(build(model, dtype=dtype), prompts, args.new_tokens),
+    models = {
+        "transformers float": build(float_folder),
+        "transformers quantized": build(model),
     }
-    print(f"{name}: {len(quantized_linears(model))} target linear layers W8A8_DYNAMIC, {dtype}")
-    for label, kind in (("float_reference", "float"), ("reference", "quantized")):
+    decodes = {who: greedy(m, prompts, args.new_tokens) for who, m in models.items()}
+    print(f"{name}: {len(quantized_linears(model))} target linear layers W8A8_DYNAMIC")
+    floating = decodes["transformers float"]
+    probes = Probes(prompts, [d.tokens for d in floating])
+    probes.add_differences(decodes["transformers quantized"])
+    for label, kind in (("reference", "quantized"), ("float_reference", "float")):
         if args.serve:
             folder = model if label == "reference" else float_folder
-            runs = served(folder, label, prompts, args.new_tokens, args.log_dir)
+            runs = served(folder, label, prompts, args.new_tokens, args.log_dir, probes)
         elif args.server_json:
             runs = server_json_decodes(args.server_json, label)
+            probes.add_differences(runs)
         else:
             continue
         decodes[f"sglang {kind}"] = runs
-    floating = decodes["transformers float"]
-    summary = f"quantized_reference {name} {args.dtype}"
+    for who, m in models.items():
+        probes.forward(who, m)
+    summary = f"quantized_reference {name}"
     for who, base, key in COMPARISONS:
         if who in decodes and base in decodes:
             equal, total, first = agreement(decodes[base], decodes[who])
             print(f"{who} vs {base}: {equal}/{total} equal, first difference per prompt {first}")
             summary += f" {key}={equal}/{total}"
-    points = set()
-    for who in decodes:
-        if "quantized" in who:
-            _, _, first = agreement(floating, decodes[who])
-            points |= {(p, t) for p, t in enumerate(first) if t < len(floating[p].tokens)}
-    for p, t in sorted(points):
+    for kind in ("float", "quantized"):
+        # float rounding alone: the same model in float64, against sglang's float32
+        control = greedy(
+            build(float_folder if kind == "float" else model, dtype=torch.float64),
+            prompts,
+            args.new_tokens,
+        )
+        for who, other in (
+            ("transformers float64", control),
+            ("sglang", decodes.get(f"sglang {kind}")),
+        ):
+            if other is None or not other[0].top:
+                continue
+            gaps = discrepancy(decodes[f"transformers {kind}"], other)
+            print(
+                f"{kind}: transformers' (float32) and {who}'s logit gaps at the {len(gaps)} "
+                f"steps both decoded on one path differ by at most {max(gaps):.4f} (median "
+                f"{statistics.median(gaps):.4f})"
+            )
+            summary += f" {kind}_vs_{who.split()[-1]}_max={max(gaps):.4f}"
+    for point, context in sorted(probes.contexts.items()):
+        p, t = point
         a = floating[p].tokens[t]
         others = {
-            d[p].tokens[t] for d in decodes.values() if d[p].tokens[:t] == floating[p].tokens[:t]
+            d[p].tokens[t] for d in decodes.values() if d[p].tokens[:t] == probes.float_path[p][:t]
         }
+        others |= {max(top, key=top.get) for top in probes.tops.get(point, {}).values()}
         for b in sorted(others - {a}):
             print(f"prompt {p} token {t}: logit {show(a)} (float's) minus {show(b)}:")
-            for row in tie_rows(decodes, p, t, a, b):
+            for row in tie_rows(decodes, probes, point, a, b):
                 print(row)
             if args.attribute:
-                context = prompts[p] + floating[p].tokens[:t]
                 for line in attribute(model, float_folder, context, a, b):
                     print(line)
+    if args.json:
+        write_json(args.json, decodes, probes)
     print(summary)
     return 0
+
+
+def write_json(path: str, decodes: dict[str, list[Decode]], probes: Probes) -> None:
+    """Every decode's tokens and top logits, and each probe's, for a later look."""
+    figures = {
+        "decodes": {
+            who: [{"tokens": d.tokens, "top": [list(s.items()) for s in d.top]} for d in runs]
+            for who, runs in decodes.items()
+        },
+        "probes": [
+            {"point": list(point), "tops": {who: list(top.items()) for who, top in tops.items()}}
+            for point, tops in probes.tops.items()
+        ],
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(figures, handle)
 
 
 if __name__ == "__main__":

@@ -91,3 +91,11 @@ def test_agreement_counts_positions_and_first_differences():
     want = [qref.Decode([1, 2, 3], []), qref.Decode([4, 5, 6], [])]
     got = [qref.Decode([1, 2, 3], []), qref.Decode([4, 9, 6], [])]
     assert qref.agreement(want, got) == (5, 6, [3, 1])
+
+
+def test_discrepancy_compares_gaps_only_on_a_shared_path():
+    """Each top token's logit minus the first decode's choice, in both; a step is compared
+    while the two contexts are equal (step 1 here though the choices there differ), not after."""
+    a = [qref.Decode([1, 2, 5], [{1: 5.0, 7: 4.0}, {2: 3.0, 7: 2.5}, {5: 1.0, 7: 0.0}])]
+    b = [qref.Decode([1, 7, 5], [{1: -1.0, 7: -2.5}, {7: -0.1, 2: -0.2}, {5: 0.0, 7: -9.0}])]
+    assert qref.discrepancy(a, b) == pytest.approx([0.5, 0.6])
