@@ -51,12 +51,14 @@ ARMS = ("on", "off")
 
 #: one fresh interpreter: sglang's scheduler module imported, then sglang's load_plugins() timed
 LOAD_PLUGINS = """
-import time
+import sys, time
 import sglang.srt.managers.scheduler
 from sglang.srt.plugins import load_plugins
+before = len(sys.modules)
 started = time.perf_counter()
 load_plugins()
-print(f"load_plugins_ms {(time.perf_counter() - started) * 1000:.1f}")
+ms = (time.perf_counter() - started) * 1000
+print(f"modules {len(sys.modules) - before} load_plugins_ms {ms:.1f}")
 """
 
 
@@ -83,14 +85,16 @@ def start_once(folder: str, plugin: bool, log_dir: str, index: int) -> dict:
     return {"plugin": plugin, "ready_s": ready, **sglang_timings(server.log_path)}
 
 
-def load_plugins_ms(plugin: bool) -> float:
+def load_plugins_ms(plugin: bool) -> tuple[float, int]:
     """sglang's ``load_plugins()`` in a fresh interpreter with a server's environment (the
-    CPU shims on the path, ``SGLANG_PLUGINS`` as the arm says)."""
+    CPU shims on the path, ``SGLANG_PLUGINS`` as the arm says): milliseconds, and how many
+    modules it imported."""
     env = ServerRun("load_plugins", ROOT, speculative=False, plugin=plugin).environment()
     out = subprocess.run(
         [sys.executable, "-c", LOAD_PLUGINS], env=env, capture_output=True, text=True, check=True
     )
-    return float(out.stdout.split()[-1])
+    words = out.stdout.split()
+    return float(words[-1]), int(words[-3])
 
 
 def summary(values: list[float]) -> str:
@@ -121,11 +125,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"{load_average()}",
                 flush=True,
             )
-    loads = {arm: [] for arm in ARMS}
+    loads: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    modules: dict[str, list[int]] = {arm: [] for arm in ARMS}
     for _ in range(args.plugin_reps):
         for arm in ARMS:
-            loads[arm].append(load_plugins_ms(arm == "on"))
-    print(f"load_plugins() ms, fresh interpreters: on {loads['on']}, off {loads['off']}")
+            ms, count = load_plugins_ms(arm == "on")
+            loads[arm].append(ms)
+            modules[arm].append(count)
+    print(
+        f"load_plugins() ms, fresh interpreters: on {loads['on']}, off {loads['off']}; modules "
+        f"it imported: on {modules['on']}, off {modules['off']}"
+    )
     print(f"load average after: {load_average()}")
     by_arm = {arm: [s for s in starts if s["plugin"] == (arm == "on")] for arm in ARMS}
 
