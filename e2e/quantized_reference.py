@@ -137,6 +137,8 @@ def build(
     for name in described:
         if name in quantized:
             parts = (tensors[f"{name}.{p}"] for p in ("weight", "weight_scale", "weight_offset"))
+            if getattr(model.get_submodule(name), "bias", None) is not None:
+                raise ValueError(f"{name} has a bias, which W8A8DynamicLinear does not add")
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, W8A8DynamicLinear(*parts, dtype=dtype))
         else:
@@ -158,11 +160,6 @@ class Decode:
 
     tokens: list[int]
     top: list[dict[int, float]]
-
-    def gap(self, step: int, a: int, b: int) -> float | None:
-        """Logit of ``a`` minus logit of ``b`` at ``step`` (None: one is not in the top)."""
-        top = self.top[step]
-        return top[a] - top[b] if a in top and b in top else None
 
 
 def greedy(model: nn.Module, prompts: list[list[int]], new_tokens: int) -> list[Decode]:
@@ -310,7 +307,7 @@ def tie_rows(decodes: dict[str, list[Decode]], probes: Probes, point, a: int, b:
 
 
 def gap_of(top: dict[int, float], a: int, b: int) -> str:
-    return f"gap {top[a] - top[b]:+.4f}" if a in top and b in top else "not both in its top 5"
+    return f"gap {top[a] - top[b]:+.4f}" if a in top and b in top else f"not both in its top {TOP}"
 
 
 def attribute(model: str, float_folder: str, context: list[int], a: int, b: int) -> list[str]:
