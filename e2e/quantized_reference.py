@@ -164,19 +164,13 @@ class Decode:
 
 def greedy(model: nn.Module, prompts: list[list[int]], new_tokens: int) -> list[Decode]:
     """``new_tokens`` greedy tokens of each prompt (one at a time, EOS ignored), with logits."""
+    from e2e.hf_reference import generate_greedy
+
     out = []
     with torch.no_grad():
         for prompt in prompts:
-            ids = torch.tensor([prompt])
-            generated = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                do_sample=False,
-                pad_token_id=0,
-                output_logits=True,
-                return_dict_in_generate=True,
+            generated = generate_greedy(
+                model, prompt, new_tokens, output_logits=True, return_dict_in_generate=True
             )
             top = []
             for logits in generated.logits:
