@@ -99,3 +99,23 @@ def test_discrepancy_compares_gaps_only_on_a_shared_path():
     a = [qref.Decode([1, 2, 5], [{1: 5.0, 7: 4.0}, {2: 3.0, 7: 2.5}, {5: 1.0, 7: 0.0}])]
     b = [qref.Decode([1, 7, 5], [{1: -1.0, 7: -2.5}, {7: -0.1, 2: -0.2}, {5: 0.0, 7: -9.0}])]
     assert qref.discrepancy(a, b) == pytest.approx([0.5, 0.6])
+
+
+def test_the_two_recipes_exports_differ_only_in_the_six_gdn_matrices():
+    """What lets docs/results.md read "the Qwen3.6 export with its GDN layers left float" as the
+    Qwen3.5 export: every tensor of the Qwen3.5 export is the Qwen3.6 export's, except
+    ``in_proj_qkv`` / ``in_proj_z`` of the three GDN layers (float there, codes here)."""
+    q36 = load_file(os.path.join(Q36, WEIGHTS))
+    q35 = load_file(os.path.join(E2E, "hybrid_w8a8", WEIGHTS))
+    differing = sorted(
+        k for k, v in q35.items() if not (v.dtype == q36[k].dtype and torch.equal(v, q36[k]))
+    )
+    gdn = [
+        f"model.layers.{i}.linear_attn.{p}.weight"
+        for i in range(3)
+        for p in ("in_proj_qkv", "in_proj_z")
+    ]
+    assert differing == sorted(gdn)
+    assert len(q35) == 117 and sorted(set(q36) - set(q35)) == sorted(
+        f"{g[: -len('.weight')]}.{p}" for g in gdn for p in ("weight_scale", "weight_offset")
+    )
