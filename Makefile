@@ -80,6 +80,16 @@ e2e-hybrid: $(E2E_STAMP)
 	$(VPY) -m e2e --family hybrid $(E2E_ARGS) \
 		--log-dir .cache/e2e/hybrid$(E2E_RUN) --json .cache/e2e/hybrid$(E2E_RUN).json
 
+# transformers' own decode of the hybrid's two W8A8_DYNAMIC exports against its float decode
+# and sglang's two targets (started here); ends with `quantized_reference <folder> agree_float=..`
+.PHONY: e2e-quantized-reference
+e2e-quantized-reference: $(E2E_STAMP)
+	for m in hybrid_qwen36_recipe hybrid_w8a8; do \
+		$(VPY) -m e2e.quantized_reference --model test/fixtures/e2e/$$m \
+			--float test/fixtures/e2e/hybrid_float --serve --log-dir .cache/e2e/qref-$$m \
+			--json .cache/e2e/qref-$$m.json || exit 1; \
+	done
+
 # the real msmodelslim 26.1.0 (its own venv) on the bundled hybrid: which GDN projections its
 # Qwen3.5 and Qwen3.6 recipes quantize; the Qwen3.5 export compared with the bundled one
 MS_VENV := .cache/venv-ms
@@ -118,6 +128,12 @@ bench-scaling: $(STAMP)
 .PHONY: bench-draft-load
 bench-draft-load: $(STAMP)
 	$(VPY) benchmarks/bench_draft_load.py --json .cache/bench/draft_load.json
+
+# sglang's server start-up with the plugin on and off (alternated pairs) on the Qwen3.5-recipe
+# hybrid export; ends with `startup hybrid_w8a8 pairs N ready_s on=min/median off=min/median ..`
+.PHONY: bench-startup
+bench-startup: $(E2E_STAMP)
+	$(VPY) benchmarks/bench_startup.py --json .cache/bench/startup.json
 
 # the sglang release matrix (compat/run.py): one small venv per release over .venv (that
 # sglang wheel --no-deps, its transformers pin), the activation, dense-scheme, guard and

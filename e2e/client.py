@@ -39,9 +39,17 @@ class Generation:
     seconds: float = 0.0
 
 
-def generate(url: str, prompt_ids: list[int], max_new_tokens: int, timeout: float = 1800.0):
-    """One greedy request that ignores EOS (every run decodes the same number of tokens)."""
-    body = {
+def generate(
+    url: str,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    timeout: float = 1800.0,
+    top_logprobs: int = 0,
+):
+    """One greedy request that ignores EOS (every run decodes the same number of tokens);
+    with ``top_logprobs``, sglang's top log-probabilities of each step come back in
+    ``meta["output_top_logprobs"]`` (``[logprob, token id, None]`` each)."""
+    body: dict[str, Any] = {
         "input_ids": prompt_ids,
         "sampling_params": {
             "temperature": 0.0,
@@ -49,6 +57,8 @@ def generate(url: str, prompt_ids: list[int], max_new_tokens: int, timeout: floa
             "ignore_eos": True,
         },
     }
+    if top_logprobs:
+        body.update(return_logprob=True, top_logprobs_num=top_logprobs)
     request = urllib.request.Request(
         f"{url}/generate",
         data=json.dumps(body).encode(),

@@ -28,14 +28,23 @@ def greedy_tokens(folder: str, prompts: list[list[int]], new_tokens: int) -> lis
     out = []
     with torch.no_grad():
         for prompt in prompts:
-            ids = torch.tensor([prompt])
-            generated = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                do_sample=False,
-                pad_token_id=0,
-            )
+            generated = generate_greedy(model, prompt, new_tokens)
             out.append(generated[0, len(prompt) :].tolist())
     return out
+
+
+def generate_greedy(model, prompt: list[int], new_tokens: int, **extra):
+    """transformers' ``generate`` of exactly ``new_tokens`` greedy tokens after ``prompt``
+    (EOS ignored); ``extra`` goes to ``generate`` (e.g. ``output_logits=True``)."""
+    import torch
+
+    ids = torch.tensor([prompt])
+    return model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+        **extra,
+    )

@@ -539,6 +539,32 @@ def targets_only_end(args, by_label: dict[str, RunResult], failures: list[str]) 
     return 1 if failures else 0
 
 
+def write_json(args, plan: Plan, prompts, results: list[RunResult], failures, **figures) -> None:
+    """Every figure of the run and every server's tokens, in ``--json`` (if given)."""
+    if not args.json:
+        return
+    by_label = {r.run.label: r for r in results}
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w", encoding="utf-8") as handle:
+        json.dump(
+            {
+                "machine": machine_line(),
+                "family": args.family,
+                "form": plan.form,
+                "tp_size": args.tp_size,
+                "prompts": prompts,
+                "new_tokens": args.new_tokens,
+                **figures,
+                "target_agreement": target_agreement(by_label),
+                "stock_target_agreement": target_agreement(by_label, TARGET_AGREE["stock"]),
+                "failures": failures,
+                "runs": [r.to_json() for r in results],
+            },
+            handle,
+            indent=1,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Ctrl-C and SIGTERM stop every server started (SIGINT may arrive ignored from a
@@ -575,8 +601,9 @@ def main(argv: list[str] | None = None) -> int:
     results = [by_label[run.label] for run in plan.runs]
     failures += check_outputs(by_label, plan.reference_of, SPEC_KEYS)
     if args.targets_only:
-        hybrid = args.family == "hybrid"
-        return targets_only_end(args, by_label, failures + check_shims(by_label, hybrid=hybrid))
+        failures += check_shims(by_label, hybrid=args.family == "hybrid")
+        write_json(args, plan, prompts, results, failures)
+        return targets_only_end(args, by_label, failures)
     failures += check_logs(by_label, plan.draft_folder)
     failures += check_shims(by_label, hybrid=args.family == "hybrid")
     failures += check_extras(by_label, pairing, plan)
@@ -598,27 +625,15 @@ def main(argv: list[str] | None = None) -> int:
     say("")
     for r in results:
         say(f"{r.run.label}: {r.command}")
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(
-                {
-                    "machine": machine_line(),
-                    "family": args.family,
-                    "form": plan.form,
-                    "tp_size": args.tp_size,
-                    "prompts": prompts,
-                    "new_tokens": args.new_tokens,
-                    "bars": bars.to_json(),
-                    "pairing": pairing.ratio(*plan.paired) if pairing.rounds else None,
-                    "target_agreement": agreement,
-                    "stock_target_agreement": stock_agreement,
-                    "failures": failures,
-                    "runs": [r.to_json() for r in results],
-                },
-                handle,
-                indent=1,
-            )
+    write_json(
+        args,
+        plan,
+        prompts,
+        results,
+        failures,
+        bars=bars.to_json(),
+        pairing=pairing.ratio(*plan.paired) if pairing.rounds else None,
+    )
     for failure in failures:
         say(f"FAILED: {failure}")
     say(f"total {time.perf_counter() - started:.0f} s; {'FAILED' if failures else 'passed'}")

@@ -296,3 +296,26 @@ def test_targets_only_runs_the_three_targets_without_speculation():
     assert p.labels() == ["reference", "float_reference", "stock_reference"]
     assert p.reference_of == {} and p.paired == ()
     assert not any(run.speculative for run in p.runs)
+
+
+def test_a_targets_only_run_writes_every_targets_tokens_to_its_json(tmp_path):
+    """``--targets-only --json``: each server's tokens and both agreements, as a full run
+    writes them (``e2e/quantized_reference.py --server-json`` reads them back)."""
+    from e2e import run as e2e_run
+
+    path = tmp_path / "targets.json"
+    args = e2e_run.parse_args(
+        ["--family", "hybrid", "--model", "/m/w8a8", "--float", "/m/float", "--targets-only"]
+    )
+    args.json = str(path)
+    results = []
+    for label, tokens in (("reference", (1, 2, 3, 5)), ("float_reference", (1, 2, 3, 4))):
+        server = ServerRun(label, "/m", speculative=False, plugin=True)
+        generation = Generation(list(tokens), {"completion_tokens": 4}, seconds=1.0)
+        results.append(e2e_run.RunResult(server, generations=[generation]))
+    e2e_run.write_json(args, e2e_run.make_plan(args), [[9, 9]], results, ["a failure"])
+    written = json.loads(path.read_text())
+    assert [r["label"] for r in written["runs"]] == ["reference", "float_reference"]
+    assert written["runs"][0]["requests"][0]["output_ids"] == [1, 2, 3, 5]
+    assert written["target_agreement"]["equal"] == 3 and written["stock_target_agreement"] is None
+    assert written["prompts"] == [[9, 9]] and written["failures"] == ["a failure"]
