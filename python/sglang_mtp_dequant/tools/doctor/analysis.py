@@ -394,7 +394,6 @@ def _notes(report: Diagnosis, ckpt: Checkpoint, built: Built | None) -> None:
             f"(e.g. {described_float[0]}): passed to sglang as they are; the misload guard "
             "checks their values when sglang loads them (codes stored as floats are refused)"
         )
-    passed = [t for t in report.tensors if t.action == "pass" and t.name and not t.codes]
     attention = [t for t in report.tensors if t.action == "pass" and "attention" in t.reason]
     if attention:
         report.notes.append(
@@ -402,7 +401,6 @@ def _notes(report: Diagnosis, ckpt: Checkpoint, built: Built | None) -> None:
             f"{attention[0].name}) are no weights: left to sglang, which has no parameter for "
             "them in an unquantized draft"
         )
-    del passed
     _quarot_note(report, ckpt, built)
     if ckpt.declared is not None:
         report.notes.append(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .run import ParamRow, VerifyReport
+from .report import ParamRow, VerifyReport
 
 
 def _num(value: float | None) -> str:
@@ -43,13 +43,21 @@ def _check(row: ParamRow) -> str:
 
 
 def render_verify(report: VerifyReport) -> str:
-    if not report.rows and (report.class_name == "?" or report.unsupported or report.inactive):
-        lines = [f"sglang-mtp-dequant verify: {report.requested}"]
-        lines += [f"  problem: {p}" for p in report.problems]
-        lines += ["", f"verdict: {report.verdict} - {report.reason}"]
-        return "\n".join(lines)
+    """The header, the table of draft parameters, then what stopped, problems and the verdict
+    (a run that built no draft it could check: the problems and the verdict only)."""
+    lines = [f"sglang-mtp-dequant verify: {report.requested}"]
+    if report.rows or not (report.class_name == "?" or report.unsupported or report.inactive):
+        lines += _setting_lines(report) + [""] + _table_lines(report) + [""]
+        lines += _stopped_lines(report)
+    else:
+        lines += [f"  problem: {p}" for p in report.problems] + [""]
+    lines.append(f"verdict: {report.verdict} - {report.reason}")
+    return "\n".join(lines)
+
+
+def _setting_lines(report: VerifyReport) -> list[str]:
+    """What was resolved, built and streamed, and what each column's load is."""
     lines = [
-        f"sglang-mtp-dequant verify: {report.requested}",
         f"  resolved: {report.folder} ({report.resolved_by})",
         f"  launch: {report.launch}",
         f"  draft class: {report.class_name} (sglang's own class for this architecture, built "
@@ -69,7 +77,11 @@ def render_verify(report: VerifyReport) -> str:
     ]
     if report.reference:
         lines.append(f"  float ref = {report.reference}, the original float weights")
-    lines.append("")
+    return lines
+
+
+def _table_lines(report: VerifyReport) -> list[str]:
+    """One aligned row per draft parameter (the float reference's columns with one)."""
     header = ["parameter", "checkpoint tensors", "stock absmax", "plugin absmax", "check"]
     if report.reference:
         header += ["ref absmax", "stock err vs ref", "plugin err vs ref"]
@@ -90,16 +102,18 @@ def render_verify(report: VerifyReport) -> str:
             ]
         table.append(cells)
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
-    lines.append("")
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in table
+    ]
+
+
+def _stopped_lines(report: VerifyReport) -> list[str]:
+    """The loads that stopped, the problems and the notes."""
+    lines = []
     if report.stock_error:
         lines.append(f"  stock load stopped: {report.stock_error}")
     if report.plugin_error:
         lines.append(f"  plugin load refused: {report.plugin_error}")
-    for problem in report.problems:
-        lines.append(f"  problem: {problem}")
-    for note in report.notes:
-        lines.append(f"  note: {note}")
-    lines.append(f"verdict: {report.verdict} - {report.reason}")
-    return "\n".join(lines)
+    lines += [f"  problem: {problem}" for problem in report.problems]
+    lines += [f"  note: {note}" for note in report.notes]
+    return lines
