@@ -4,8 +4,7 @@ Usage (``make bench-draft-load`` runs the first line)::
 
     .venv/bin/python benchmarks/bench_draft_load.py --json .cache/bench/draft_load.json
     .venv/bin/python benchmarks/bench_draft_load.py --targets 0 200000 --reps 3
-    .venv/bin/python benchmarks/bench_draft_load.py --targets 276000 --whole-parse   # no scan
-    .venv/bin/python benchmarks/bench_draft_load.py --compare-scan --targets 276000 --reps 9
+    .venv/bin/python benchmarks/bench_draft_load.py --targets 0 276000 --reps 9
 
 For each N in ``--targets`` (default 0, 50,000, 100,000, 200,000, 400,000) the msmodelslim-written
 Qwen3.5 dense W8A8_DYNAMIC fixture (``q35_dense_w8a8_dynamic``: target and MTP draft) is
@@ -30,12 +29,6 @@ the bytes any narrowing reads to learn which files hold the draft's tensors). Ev
 must stream one file and load parameters bit-identical to the plugin's load of the unsharded
 fixture (checked, not timed).
 Everything is written under one ``tempfile.TemporaryDirectory`` and removed at the end.
-
-``--compare-scan`` (issue #38) times, instead of stock against plugin, the plugin's load with the
-byte scan of the index and the description (``formats/json_scan.py``) against the same load with
-both parsed whole by orjson, alternated in one process (scan, whole, whole, scan, ...), and beside
-it the step alone (the two files read, the draft's entries taken from them), alternated the same
-way. Ends with ``json_scan saving_s_<N> <median whole - median scan>``.
 
 Target (issue #27): plugin / stock <= 0.4 at 200,000 target tensors, and the plugin's load flat
 in N. Ends with ``draft_load plugin_vs_stock_<N> <R> plugin_<max>_vs_plugin_0 <F>``.
@@ -144,78 +137,6 @@ def measure(folder: str, files: int, reps: int, reference: dict) -> dict:
     return result
 
 
-def use_scan(on: bool) -> None:
-    """The plugin scans the index's and the description's bytes (on) or parses both whole."""
-    from sglang_mtp_dequant.formats.json_scan import JsonFile
-
-    if not hasattr(JsonFile, "_scanned_by_bench"):
-        JsonFile._scanned_by_bench = JsonFile.scanned  # type: ignore[attr-defined]
-    JsonFile.scanned = JsonFile._scanned_by_bench if on else (lambda self: None)  # type: ignore
-
-
-def draft_entries(folder: str, scan: bool) -> float:
-    """Seconds to read the index and the description and take the draft's entries out of them
-    (names holding ``mtp``): scanned, or parsed whole by orjson and filtered."""
-    from sglang_mtp_dequant.formats.config import parse_json
-    from sglang_mtp_dequant.formats.json_scan import JsonFile
-
-    started = time.perf_counter()
-    index, desc = (JsonFile.read(os.path.join(folder, name)) for name in LISTINGS)
-    if scan:
-        found = index.scanned(), desc.scanned()
-        assert found[0] is not None and found[1] is not None
-        mine = found[0].member("weight_map").entries(("mtp",)), found[1].entries(("mtp",))
-    else:
-        parsed = parse_json(index.data), parse_json(desc.data)
-        assert isinstance(parsed[0], dict) and isinstance(parsed[1], dict)
-        mine = tuple(
-            {n: v for n, v in m.items() if "mtp" in n} for m in (parsed[0]["weight_map"], parsed[1])
-        )
-    assert mine[0] and mine[1]
-    return time.perf_counter() - started
-
-
-def compare_scan(folder: str, files: int, reps: int, reference: dict) -> dict:
-    """The plugin's load and the entries step alone, scan against whole parse, alternated."""
-    times: dict[str, list[float]] = {k: [] for k in ("scan", "whole", "step_scan", "step_whole")}
-    for rep in range(reps):
-        for scan in (True, False) if rep % 2 == 0 else (False, True):
-            use_scan(scan)
-            seconds, model, _ = load_once(folder, True)
-            check_plugin_load(model, reference, files)
-            del model
-            times["scan" if scan else "whole"].append(seconds)
-            times["step_scan" if scan else "step_whole"].append(draft_entries(folder, scan))
-    use_scan(True)
-    result: dict = {k: statistics.median(v) for k, v in times.items()}
-    result["samples"] = times
-    return result
-
-
-def report_compare(rows: dict[int, dict], reps: int) -> None:
-    print(f"\nthe plugin's draft load, byte scan vs orjson's whole parse, {reps} alternated each:")
-    print("| target tensors | whole parse (s) | byte scan (s) | saving (s) | entries step: whole "
-          "parse (s) | byte scan (s) | saving (s) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
-    for n, r in rows.items():
-        print(
-            f"| {n:,} | {r['whole']:.3f} | {r['scan']:.3f} | {r['whole'] - r['scan']:.3f} "
-            f"| {r['step_whole']:.3f} | {r['step_scan']:.3f} "
-            f"| {r['step_whole'] - r['step_scan']:.3f} |"
-        )
-    for n, r in rows.items():
-        samples = r["samples"]
-        pairs = [w - s for w, s in zip(samples["whole"], samples["scan"], strict=True)]
-        r["pair_saving"] = statistics.median(pairs)
-        print(
-            f"at {n:,}: saving per alternated pair (whole - scan) "
-            + " ".join(f"{p:.3f}" for p in pairs)
-            + f", median {r['pair_saving']:.3f}; fastest against fastest "
-            f"{min(samples['whole']) - min(samples['scan']):.3f}"
-        )
-        print(f"json_scan saving_s_{n} {r['whole'] - r['scan']:.3f}")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument(
@@ -223,20 +144,7 @@ def main() -> int:
     )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", default=None)
-    parser.add_argument(
-        "--whole-parse",
-        action="store_true",
-        help="the plugin parses the index and the description whole (orjson) instead of "
-        "scanning their bytes (formats/json_scan.py): the scan's alternative, to compare",
-    )
-    parser.add_argument(
-        "--compare-scan",
-        action="store_true",
-        help="the plugin's load with the byte scan against orjson's whole parse, alternated",
-    )
     args = parser.parse_args()
-    if args.whole_parse:
-        use_scan(False)
     warnings.filterwarnings("ignore")
     print(describe(), flush=True)
     started = time.perf_counter()
@@ -261,14 +169,6 @@ def main() -> int:
             load_once(fixture_dir(FIXTURE), False)  # untimed: first-call costs of each kind
             reference = parameters(load_once(fixture_dir(FIXTURE), True)[1])
         for n in args.targets:
-            if args.compare_scan:
-                with quiet_stderr():
-                    rows[n].update(compare_scan(folders[n], rows[n]["files"], args.reps, reference))
-                samples = ", ".join(
-                    f"{k} " + " ".join(f"{s:.3f}" for s in v) for k, v in rows[n]["samples"].items()
-                )
-                print(f"  {n} target tensors: {samples}", flush=True)
-                continue
             with quiet_stderr():
                 rows[n].update(measure(folders[n], rows[n]["files"], args.reps, reference))
             samples = ", ".join(
@@ -276,10 +176,6 @@ def main() -> int:
             )
             print(f"  {n} target tensors: {samples}; plugin: {rows[n]['plugin_says']}", flush=True)
         logging.disable(logging.NOTSET)
-    if args.compare_scan:
-        report_compare(rows, args.reps)
-        finish(started, args.json, args.reps, rows)
-        return 0
     base = rows[args.targets[0]]["plugin"]
     print(f"\nDefaultModelLoader.load_model of the draft, medians of {args.reps} alternated loads:")
     print("| target tensors | files | stock (s) | plugin (s) | plugin / stock | plugin / plugin at "
