@@ -186,8 +186,13 @@ def _usage_answer(args: argparse.Namespace, wrong: str, log: str | None) -> str:
         return json.dumps(
             {"verdict": ERROR, "reason": wrong, "requested": args.path, "problems": [wrong],
              "log": log}, indent=2)  # fmt: skip
+    return _error_text(args, wrong, wrong)
+
+
+def _error_text(args: argparse.Namespace, problem: object, reason: str) -> str:
+    """The text answer to an input or a launch refused before anything is loaded."""
     head = f"sglang-mtp-dequant {args.command}: {args.path}"
-    return f"{head}\n  problem: {wrong}\n\nverdict: error - {wrong}"
+    return f"{head}\n  problem: {problem}\n\nverdict: {ERROR} - {reason}"
 
 
 def _new_log(args: argparse.Namespace) -> str:
@@ -208,8 +213,7 @@ def _preflight(args: argparse.Namespace) -> str | None:
         return None
     if args.json:
         return json.dumps(_input_error_json(args, wrong), indent=2)
-    head = f"sglang-mtp-dequant {args.command}: {args.path}"
-    return f"{head}\n  problem: {wrong}\n\nverdict: error - {wrong.problem}"
+    return _error_text(args, wrong, wrong.problem)
 
 
 def _input_error_json(args: argparse.Namespace, wrong: InputError) -> dict[str, object]:

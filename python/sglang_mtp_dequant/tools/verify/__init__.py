@@ -10,18 +10,9 @@ Split by concern: ``independent`` (the independent dequantizer), ``run`` (buildi
 the draft through sglang, comparing), ``report`` (the result), ``render`` (the text).
 """
 
-from ..verdicts import VERIFY_SCHEMA_VERSION as SCHEMA_VERSION
 from .independent import independent_dequantize
 from .render import render_verify
 from .report import ParamRow, VerifyReport
-from .run import run_verify, spec_for_class
+from .run import run_verify
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "ParamRow",
-    "VerifyReport",
-    "independent_dequantize",
-    "render_verify",
-    "run_verify",
-    "spec_for_class",
-]
+__all__ = ["ParamRow", "VerifyReport", "independent_dequantize", "render_verify", "run_verify"]
