@@ -264,31 +264,25 @@ def _as_draft_error(info: TensorInfo, exc: CheckpointFormatError) -> DraftWeight
 def _scheme_named(info: TensorInfo, described: str | None, type_name: str | None) -> Scheme:
     """The scheme that decodes ``info``'s codes, or the error saying why none does (no scale
     says how, or a scheme this plugin does not decode)."""
-    if type_name is None:
-        raise DraftWeightError(
-            tensor=info.name,
-            file=info.file,
-            problem=(
-                f"is {info.dtype_name} (codes), described as {described!r}, and has no scale "
-                "beside it that says how to decode it"
-            ),
-            hint=(
-                "the checkpoint is incomplete or not a ModelSlim export; re-export it, or serve "
-                "the draft quantized (--speculative-draft-model-quantization)"
-            ),
-        )
     scheme = scheme_for(type_name) if type_name else None
-    if scheme is None:
-        raise DraftWeightError(
-            tensor=info.name,
-            file=info.file,
-            problem=(
-                f"is {type_name}, a scheme this plugin does not decode "
-                f"(it decodes {', '.join(known_types())})"
-            ),
-            hint=(
-                "serve the draft quantized with --speculative-draft-model-quantization "
-                "modelslim, or report the scheme to sglang-mtp-dequant"
-            ),
+    if scheme is not None:
+        return scheme
+    if type_name is None:
+        problem = (
+            f"is {info.dtype_name} (codes), described as {described!r}, and has no scale beside "
+            "it that says how to decode it"
         )
-    return scheme
+        hint = (
+            "the checkpoint is incomplete or not a ModelSlim export; re-export it, or serve the "
+            "draft quantized (--speculative-draft-model-quantization)"
+        )
+    else:
+        problem = (
+            f"is {type_name}, a scheme this plugin does not decode (it decodes "
+            f"{', '.join(known_types())})"
+        )
+        hint = (
+            "serve the draft quantized with --speculative-draft-model-quantization modelslim, "
+            "or report the scheme to sglang-mtp-dequant"
+        )
+    raise DraftWeightError(tensor=info.name, file=info.file, problem=problem, hint=hint)
