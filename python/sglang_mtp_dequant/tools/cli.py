@@ -61,19 +61,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
-    doctor = sub.add_parser(
-        "doctor",
-        help="list every draft tensor, the planned action and a verdict",
-        usage="%(prog)s [options] PATH [sglang launch flags] | [options] -- LAUNCH COMMAND",
-        epilog=LAUNCH_HELP + help_text(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    verify = sub.add_parser(
-        "verify",
-        help="load sglang's draft on the CPU, stock and with the plugin, and compare",
-        usage="%(prog)s [options] PATH [sglang launch flags] | [options] -- LAUNCH COMMAND",
-        epilog=LAUNCH_HELP + help_text(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    doctor, verify = (
+        sub.add_parser(
+            name,
+            help=summary,
+            usage="%(prog)s [options] PATH [sglang launch flags] | [options] -- LAUNCH COMMAND",
+            epilog=LAUNCH_HELP + help_text(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        for name, summary in (
+            ("doctor", "list every draft tensor, the planned action and a verdict"),
+            ("verify", "load sglang's draft on the CPU, stock and with the plugin, and compare"),
+        )
     )
     for command in (doctor, verify):
         command.add_argument(
