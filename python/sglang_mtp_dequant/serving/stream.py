@@ -41,6 +41,7 @@ class StreamStats:
     dequantized: int = 0
     schemes: Counter[str] = field(default_factory=Counter)
     quantized_bytes: int = 0
+    decoded_codes: int = 0  # codes turned into weights (experts of other ranks excluded)
     left_to_other_ranks: int = 0  # expert tensors passed on undecoded (sglang drops them)
     companions_consumed: int = 0
     already_float: int = 0
@@ -163,6 +164,8 @@ class DequantizingStream:
         self.stats.dequantized += 1
         self.stats.schemes[entry.scheme or "?"] += 1
         self.stats.quantized_bytes += tensor.numel() * tensor.element_size()
+        total = decoded.numel()
+        self.stats.decoded_codes += total if only is None else total // decoded.shape[0] * len(only)
         return decoded
 
 
