@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .report import ParamRow, VerifyReport
+from .report import PASSED, ParamRow, VerifyReport
 
 
 def _num(value: float | None) -> str:
@@ -35,7 +35,7 @@ def _short_sources(sources: list[str]) -> str:
 
 
 def _check(row: ParamRow) -> str:
-    if row.check in ("exact", "ulp"):
+    if row.check in PASSED:
         return row.check
     if row.check == "mismatch":
         return f"MISMATCH (max err {_num(row.max_error)})"
