@@ -4,7 +4,7 @@ Usage (``make bench-draft-load`` runs the first line)::
 
     .venv/bin/python benchmarks/bench_draft_load.py --json .cache/bench/draft_load.json
     .venv/bin/python benchmarks/bench_draft_load.py --targets 0 200000 --reps 3
-    .venv/bin/python benchmarks/bench_draft_load.py --targets 276000 --whole-parse   # no scan
+    .venv/bin/python benchmarks/bench_draft_load.py --targets 0 276000 --reps 9
 
 For each N in ``--targets`` (default 0, 50,000, 100,000, 200,000, 400,000) the msmodelslim-written
 Qwen3.5 dense W8A8_DYNAMIC fixture (``q35_dense_w8a8_dynamic``: target and MTP draft) is
@@ -144,17 +144,7 @@ def main() -> int:
     )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", default=None)
-    parser.add_argument(
-        "--whole-parse",
-        action="store_true",
-        help="the plugin parses the index and the description whole (orjson) instead of "
-        "scanning their bytes (formats/json_scan.py): the scan's alternative, to compare",
-    )
     args = parser.parse_args()
-    if args.whole_parse:
-        from sglang_mtp_dequant.formats.json_scan import JsonFile
-
-        JsonFile.scanned = lambda self: None  # type: ignore[method-assign]  # "scan: no answer"
     warnings.filterwarnings("ignore")
     print(describe(), flush=True)
     started = time.perf_counter()

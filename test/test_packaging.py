@@ -441,3 +441,24 @@ def test_third_party_imports_are_in_sglangs_npu_install():
             assert top in stdlib or top in ALLOWED_THIRD_PARTY or top == "sglang", (
                 f"{os.path.relpath(path, PACKAGE)} imports {name}"
             )
+
+
+#: the CLI's orchestration is split into steps a reader names (issue 38): no function of these
+#: folders is longer than this, docstring included
+LONGEST_CLI_FUNCTION = 60
+
+
+def test_no_function_of_verify_or_doctor_is_longer_than_sixty_lines():
+    import ast
+
+    too_long = []
+    for path in package_files("tools/verify") + package_files("tools/doctor"):
+        relative = os.path.relpath(path, PACKAGE)
+        with open(path, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > LONGEST_CLI_FUNCTION:
+                    too_long.append(f"{relative}:{node.lineno} {node.name} ({length} lines)")
+    assert not too_long, "split into named steps: " + ", ".join(too_long)

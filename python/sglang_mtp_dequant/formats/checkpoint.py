@@ -27,7 +27,6 @@ from safetensors import safe_open
 from ..errors import CheckpointFormatError
 from .config import CheckpointConfig, load_json
 from .foreign import DeclaredFormat, declared_format
-from .json_scan import JsonFile, NotScannable
 
 DESCRIPTION_NAME = "quant_model_description.json"
 
@@ -149,19 +148,13 @@ class Checkpoint:
         cls,
         source: WeightSource,
         wanted: Callable[[str], bool] = lambda name: True,
-        indexes: Mapping[str, JsonFile | None] | None = None,
-        needles: tuple[str, ...] | None = None,
+        indexes: Mapping[str, object] | None = None,
     ) -> Checkpoint:
         """Read the description, the index files and the headers of ``source``'s files.
 
         Only tensors whose name satisfies ``wanted`` are recorded (the draft's, usually).
-        ``indexes``: index file name -> its bytes, already read by the caller for this load
-        (a large export's index is read once); the other index files are read here.
-        ``needles`` (substrings every wanted name holds, ``naming.NameMatch``): the
-        description and the indexes are then read for the wanted names only, out of their
-        bytes (``json_scan``): ``description`` holds the wanted names' types and
-        ``description_flags`` only ``group_size``, and only the wanted names' index entries
-        are checked. Where the bytes cannot be scanned exactly, the files are parsed whole.
+        ``indexes``: index file name -> its JSON, already parsed by the caller for this load
+        (a large export's index is parsed once); the other index files are read here.
         """
         folder = os.path.abspath(source.folder)
         if not os.path.isdir(folder):
@@ -171,9 +164,9 @@ class Checkpoint:
                 hint="pass the local checkpoint folder sglang loads (--model-path)",
             )
         ckpt = cls(folder=folder, files=list(source.files))
-        ckpt._read_description(wanted, needles)
+        ckpt._read_description()
         ckpt.declared = _declared_format(folder)
-        ckpt._check_index_files(wanted, indexes or {}, needles)
+        ckpt._check_index_files(wanted, indexes or {})
         for path in ckpt.files:
             ckpt._read_header(path, wanted)
         return ckpt
@@ -205,16 +198,12 @@ class Checkpoint:
 
     # -- the files ModelSlim writes ------------------------------------------------------
 
-    def _read_description(
-        self, wanted: Callable[[str], bool], needles: tuple[str, ...] | None
-    ) -> None:
+    def _read_description(self) -> None:
         candidates = sorted(glob.glob(os.path.join(self.folder, "quant_model_description*.json")))
         if not candidates:
             return
         exact = os.path.join(self.folder, DESCRIPTION_NAME)
         path = exact if exact in candidates else candidates[0]
-        if needles is not None and self._scan_description(path, wanted, needles):
-            return
         raw = load_json(path, "a ModelSlim quant_model_description", RESTORE)
         if not isinstance(raw, dict):
             raise CheckpointFormatError(
@@ -229,34 +218,7 @@ class Checkpoint:
         flags = [] if all(is_type) else list(compress(raw, map(not_, is_type)))
         self.description_flags = {k: raw.pop(k) for k in flags}
         self.description = raw
-        self._set_globals(path, raw.get("version"), group_size)
-
-    def _scan_description(
-        self, path: str, wanted: Callable[[str], bool], needles: tuple[str, ...]
-    ) -> bool:
-        """The wanted names' types, ``version`` and ``group_size`` out of the description's
-        bytes; False if they cannot be read so (then it is parsed whole)."""
-        try:
-            found = JsonFile.read(path).scanned()
-            if found is None:
-                return False
-            types = {n: t for n, t in found.entries(needles).items() if wanted(n)}
-            version, group_size = found.scalar("version"), found.scalar("group_size")
-        except (OSError, UnicodeDecodeError, NotScannable):
-            return False
-        if version is not None and not isinstance(version, str):
-            return False  # a flag, as the whole parse would file it
-        self.description_file = path
-        self.description = types
-        if version is not None:
-            self.description["version"] = version
-        if group_size is not None:
-            self.description_flags = {"group_size": group_size}
-        self._set_globals(path, version, 0 if group_size is None else group_size)
-        return True
-
-    def _set_globals(self, path: str, version: object, group_size: object) -> None:
-        self.format_version = version if isinstance(version, str) else None
+        self.format_version = raw.get("version")  # a string: every other value is a flag
         if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 0:
             raise CheckpointFormatError(
                 file=path,
@@ -266,19 +228,10 @@ class Checkpoint:
         self.group_size = group_size
 
     def _check_index_files(
-        self,
-        wanted: Callable[[str], bool],
-        read: Mapping[str, JsonFile | None],
-        needles: tuple[str, ...] | None,
+        self, wanted: Callable[[str], bool], parsed: Mapping[str, object]
     ) -> None:
         for index_path in sorted(glob.glob(os.path.join(self.folder, "*.safetensors.index.json"))):
-            index = read.get(os.path.basename(index_path))
-            if needles is not None and self._scan_index(index_path, index, wanted, needles):
-                continue
-            try:
-                raw = index.parsed() if index is not None else None
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                raw = None
+            raw = parsed.get(os.path.basename(index_path))
             if raw is None:
                 raw = load_json(index_path, "a safetensors index", RESTORE)
             weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
@@ -290,28 +243,6 @@ class Checkpoint:
                 )
             if not self._index_shards_sound(weight_map):
                 self._check_index_entries(index_path, weight_map, wanted)
-
-    def _scan_index(
-        self,
-        index_path: str,
-        index: JsonFile | None,
-        wanted: Callable[[str], bool],
-        needles: tuple[str, ...],
-    ) -> bool:
-        """The wanted names' entries checked out of the index's bytes; False if they cannot
-        be read so (then it is parsed and checked whole)."""
-        try:
-            index = index if index is not None else JsonFile.read(index_path)
-            found = index.scanned()
-            if found is None:
-                return False
-            entries = found.member("weight_map").entries(needles)
-        except (OSError, UnicodeDecodeError, NotScannable):
-            return False
-        mine = {n: shard for n, shard in entries.items() if wanted(n)}
-        if not self._index_shards_sound(mine):
-            self._check_index_entries(index_path, mine, wanted)
-        return True
 
     def _index_shards_sound(self, weight_map: Mapping[str, object]) -> bool:
         """Whether every shard the index names is a file name inside the folder that exists:

@@ -102,11 +102,7 @@ def read_json(path: str) -> object:
         OSError, UnicodeDecodeError, json.JSONDecodeError: as ``json.load`` would.
     """
     with open(path, "rb") as handle:
-        return parse_json(handle.read())
-
-
-def parse_json(raw: bytes) -> object:
-    """``raw`` parsed as ``read_json`` parses a file's bytes."""
+        raw = handle.read()
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:

@@ -32,7 +32,6 @@ from ..errors import DraftWeightError
 from .checkpoint import Checkpoint, TensorInfo
 
 #: the foreign format names (``foreign.py``) this module decodes, and how
-COMPRESSED_TENSORS = "compressed-tensors"
 MODELOPT_NVFP4 = "ModelOpt NVFP4"
 DECODED_FORMATS = (
     "compressed-tensors pack-quantized",

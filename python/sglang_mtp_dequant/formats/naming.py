@@ -13,8 +13,7 @@ its parameters is sglang's knowledge: ``serving/parameter_names.py``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # Tensors that travel beside a quantized ``X.weight`` as ``X.<suffix>``. They belong to the
@@ -50,49 +49,19 @@ QUAROT_TENSOR = "rot.weight"
 NameRule = Callable[[str], bool]
 
 
-@dataclass(frozen=True)
-class NameMatch:
-    """A name rule that also names substrings (``needles``) every name it accepts contains.
-
-    Why: the index and the description of a large export list every tensor; with the needles
-    the draft's few entries are found in their bytes (``json_scan``) instead of parsing them.
-    A rule of this type must accept no name that holds none of its needles (tested per rule).
-    """
-
-    accepts: NameRule
-    needles: tuple[str, ...]
-
-    def __call__(self, name: str) -> bool:
-        return self.accepts(name)
-
-    def or_names(self, names: Iterable[str]) -> NameMatch:
-        """This rule, and ``names`` exactly (each its own needle)."""
-        extra = frozenset(names)
-        rule = self.accepts
-        return NameMatch(
-            lambda name: rule(name) or name in extra, self.needles + tuple(sorted(extra))
-        )
-
-
-def needles_of(rule: Callable[[str], bool]) -> tuple[str, ...] | None:
-    """The needles of a ``NameMatch``; None for any other rule (its entries are read by a
-    whole parse)."""
-    return rule.needles if isinstance(rule, NameMatch) else None
-
-
 # -- which names are the draft's ---------------------------------------------------------------
 
 
-def mtp_prefix(_config: object = None) -> NameMatch:
+def mtp_prefix(_config: object = None) -> NameRule:
     """Qwen3.5/3.6/Qwen3-Next/Qwen3-MoE style: the draft is every name containing ``mtp``.
 
     The rule is the draft's own: its ``load_weights`` processes every name containing ``mtp``
     (``mtp.*`` on every released checkpoint), so the plugin watches the same names.
     """
-    return NameMatch(lambda name: "mtp" in name, ("mtp",))
+    return lambda name: "mtp" in name
 
 
-def nextn_layer(config: object) -> NameMatch:
+def nextn_layer(config: object) -> NameRule:
     """DeepSeek-V3 / GLM-4.5+ NextN: the draft is the layer after the last decoder layer.
 
     sglang's loaders (``deepseek_weight_loader.py``, ``glm4_moe.py``, ``glm4_moe_lite.py``)
@@ -107,12 +76,12 @@ def nextn_layer(config: object) -> NameMatch:
     """
     layers = decoder_layers(config)
     if layers is None:
-        return NameMatch(lambda name: False, ())
+        return lambda name: False
     prefix = f"model.layers.{0 if layers == 1 else layers}."
-    return NameMatch(lambda name: name.startswith(prefix), (prefix,))
+    return lambda name: name.startswith(prefix)
 
 
-def nextn_layer_multimodal(config: object) -> NameMatch:
+def nextn_layer_multimodal(config: object) -> NameRule:
     """GLM-5-Next NextN: the layer after the last decoder layer, under either naming.
 
     ``Glm5NextForConditionalGenerationNextN.load_weights`` keeps ``model.layers.<n>.`` and
@@ -121,9 +90,9 @@ def nextn_layer_multimodal(config: object) -> NameMatch:
     """
     layers = decoder_layers(config)
     if layers is None:
-        return NameMatch(lambda name: False, ())
+        return lambda name: False
     prefixes = (f"model.layers.{layers}.", f"model.language_model.layers.{layers}.")
-    return NameMatch(lambda name: name.startswith(prefixes), prefixes)
+    return lambda name: name.startswith(prefixes)
 
 
 def decoder_layers(config: object) -> int | None:

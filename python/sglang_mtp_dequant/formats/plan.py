@@ -116,10 +116,8 @@ class DequantPlan:
             fmt = foreign.tensor_format(info.name, dtypes, self.checkpoint.declared)
             if fmt is not None and library.decodes(fmt.name):
                 return self._library(info, described, fmt), None
-            if (
-                fmt is not None
-                and foreign.has_foreign_parts(fmt, info.name)
-                or (fmt is not None and info.dtype == torch.uint8)
+            if fmt is not None and (
+                foreign.has_foreign_parts(fmt, info.name) or info.dtype == torch.uint8
             ):
                 return self._foreign(info, described, fmt), None
         if not info.holds_codes:
@@ -129,41 +127,11 @@ class DequantPlan:
                 else f"described as {described} but stored as {info.dtype_name}: already float"
             )
             return PlannedTensor(info, described, "keep", why, companions=companions), None
-        if described in (None, "FLOAT"):
-            type_name = infer_type(info, companions)
-        else:
-            type_name = described
+        type_name = infer_type(info, companions) if described in (None, "FLOAT") else described
         entry = PlannedTensor(info, described, "error", "", scheme=type_name, companions=companions)
         entry.format = fmt.name if fmt is not None else None
-        scheme = scheme_for(type_name) if type_name else None
         try:
-            if type_name is None:
-                raise DraftWeightError(
-                    tensor=info.name,
-                    file=info.file,
-                    problem=(
-                        f"is {info.dtype_name} (codes), described as {described!r}, and has "
-                        "no scale beside it that says how to decode it"
-                    ),
-                    hint=(
-                        "the checkpoint is incomplete or not a ModelSlim export; re-export "
-                        "it, or serve the draft quantized (--speculative-draft-model-"
-                        "quantization)"
-                    ),
-                )
-            if scheme is None:
-                raise DraftWeightError(
-                    tensor=info.name,
-                    file=info.file,
-                    problem=(
-                        f"is {type_name}, a scheme this plugin does not decode "
-                        f"(it decodes {', '.join(known_types())})"
-                    ),
-                    hint=(
-                        "serve the draft quantized with --speculative-draft-model-quantization "
-                        "modelslim, or report the scheme to sglang-mtp-dequant"
-                    ),
-                )
+            scheme = _scheme_named(info, described, type_name)
             scheme.check_storage(info, companions)
         except DraftWeightError as exc:
             return self._refused(entry, exc), None
@@ -291,3 +259,30 @@ def _is_foreign_companion(name: str, names: Mapping[str, object]) -> bool:
 
 def _as_draft_error(info: TensorInfo, exc: CheckpointFormatError) -> DraftWeightError:
     return DraftWeightError(tensor=info.name, file=info.file, problem=exc.problem, hint=exc.hint)
+
+
+def _scheme_named(info: TensorInfo, described: str | None, type_name: str | None) -> Scheme:
+    """The scheme that decodes ``info``'s codes, or the error saying why none does (no scale
+    says how, or a scheme this plugin does not decode)."""
+    scheme = scheme_for(type_name) if type_name else None
+    if scheme is not None:
+        return scheme
+    if type_name is None:
+        problem = (
+            f"is {info.dtype_name} (codes), described as {described!r}, and has no scale beside "
+            "it that says how to decode it"
+        )
+        hint = (
+            "the checkpoint is incomplete or not a ModelSlim export; re-export it, or serve the "
+            "draft quantized (--speculative-draft-model-quantization)"
+        )
+    else:
+        problem = (
+            f"is {type_name}, a scheme this plugin does not decode (it decodes "
+            f"{', '.join(known_types())})"
+        )
+        hint = (
+            "serve the draft quantized with --speculative-draft-model-quantization modelslim, "
+            "or report the scheme to sglang-mtp-dequant"
+        )
+    raise DraftWeightError(tensor=info.name, file=info.file, problem=problem, hint=hint)

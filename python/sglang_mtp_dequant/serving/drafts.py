@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ..formats.config import CheckpointConfig
-from ..formats.naming import NameMatch, NameRule, mtp_prefix, nextn_layer, nextn_layer_multimodal
+from ..formats.naming import NameRule, mtp_prefix, nextn_layer, nextn_layer_multimodal
 
 #: what a name rule reads the draft's layout from: a built draft model (its ``model.config``),
 #: the checkpoint's ``config.json`` (the CLI, the Ray launch check), or nothing (where the
@@ -71,8 +71,6 @@ class DraftSpec:
         ``embed_tokens`` of a NextN layer) and ``loads_besides``. What the narrowed stream
         must carry (``narrowing.py``)."""
         rule, besides = self.name_rule(model_or_config), frozenset(self.loads_besides)
-        if isinstance(rule, NameMatch):
-            return rule.or_names(besides)
         return lambda name: rule(name) or name in besides
 
 

@@ -31,8 +31,7 @@ import torch
 
 from ..errors import CheckpointFormatError
 from ..formats.checkpoint import Checkpoint, WeightSource, dtype_name, is_code_dtype
-from ..formats.json_scan import JsonFile
-from ..formats.naming import NameRule, needles_of
+from ..formats.naming import NameRule
 from ..formats.plan import DequantPlan
 from . import context, sglang_private, sources
 from .drafts import DraftSpec, draft_dtype
@@ -191,8 +190,8 @@ class DraftLoad:
         self.resolutions: list[WeightSource] = []
         #: how each resolution was narrowed
         self.choices: list[FileChoice] = []
-        #: folder -> its index files as read for the narrowing, until the plan takes them
-        self._indexes: dict[str, dict[str, JsonFile | None]] = {}
+        #: folder -> its index files as parsed for the narrowing, until the plan takes them
+        self._indexes: dict[str, dict[str, object]] = {}
         # the record, filled in by ``run``
         #: the folder the plan was made from (None: no plan)
         self.folder: str | None = None
@@ -294,12 +293,8 @@ class DraftLoad:
         if source is None:
             return None
         self.folder = source.folder
-        wanted = self.setting.wanted
         ckpt = Checkpoint.open(
-            source,
-            wanted=wanted,
-            indexes=self._indexes.pop(source.folder, None),
-            needles=needles_of(wanted),
+            source, wanted=self.setting.wanted, indexes=self._indexes.pop(source.folder, None)
         )
         plan = DequantPlan.build(ckpt)
         if fallback and (plan.to_dequantize or plan.errors):

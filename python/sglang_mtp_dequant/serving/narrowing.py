@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from itertools import compress
 
 from ..formats.checkpoint import header_names, index_shards
-from ..formats.json_scan import JsonFile, NotScannable
-from ..formats.naming import NameRule, needles_of
+from ..formats.config import read_json
+from ..formats.naming import NameRule
 from .settings import env_choice
 
 NARROW_ENV = "SGLANG_MTP_DEQUANT_NARROW"
@@ -93,13 +93,13 @@ def choose_files(
     folder: str,
     files: list[str] | tuple[str, ...],
     keeps: NameRule,
-    indexes: dict[str, JsonFile | None] | None = None,
+    indexes: dict[str, object] | None = None,
 ) -> FileChoice:
     """The files of ``files`` a draft whose ``load_weights`` keeps ``keeps`` needs.
 
     A file is kept when an index of ``folder`` (``model.safetensors.index.json``, ModelSlim's
     V1 or V0 index) maps a kept name to it; ``indexes`` are the folder's index files already
-    read (``read_indexes``). Rules, each keeping the load at least what stock sglang streams:
+    parsed (``read_indexes``). Rules, each keeping the load at least what stock sglang streams:
 
     - a file no index lists (``maybe_add_mtp_safetensors``'s out-of-index ``mtp.safetensors``, a
       stray shard) is kept: nothing says what it holds;
@@ -120,61 +120,29 @@ def choose_files(
     indexes = read_indexes(folder) if indexes is None else indexes
     if not indexes:
         return FileChoice(folder, resolved, resolved)
-    under = [_under(f, folder) for f in resolved]
     listed: set[str] = set()
     needed: set[str] = set()
-    for name, index in sorted(indexes.items()):
-        found = None if index is None else _listed_and_needed(index, keeps, under)
-        if found is None:
+    for name, raw in sorted(indexes.items()):
+        weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+        shards = index_shards(weight_map)
+        if shards is None or not isinstance(weight_map, dict):
             return FileChoice(folder, resolved, resolved, not_narrowed=f"{name} unreadable")
-        listed |= found[0]
-        needed |= found[1]
-    kept = tuple(f for f, rel in zip(resolved, under, strict=True) if rel not in listed - needed)
+        listed |= shards
+        # one C-level pass over the names: the rule's verdicts select their shards
+        needed.update(compress(weight_map.values(), map(keeps, weight_map)))
+    listed, needed = {os.path.normpath(s) for s in listed}, {os.path.normpath(s) for s in needed}
+    kept = tuple(f for f in resolved if _under(f, folder) not in listed - needed)
     return FileChoice(folder, resolved, kept, tuple(sorted(indexes)), indexed_draft=bool(needed))
 
 
-def _listed_and_needed(
-    index: JsonFile, keeps: NameRule, under: list[str]
-) -> tuple[set[str], set[str]] | None:
-    """The files of ``under`` the index lists, and the shards it maps a kept name to (both as
-    normalized names under the folder); None if it is no readable index.
-
-    With a rule that names its needles, both come out of the index's bytes (``json_scan``):
-    the kept names' entries, and each file looked up as a value; otherwise, and whenever the
-    scan cannot answer exactly, from the whole index parsed.
-    """
-    needles = needles_of(keeps)
-    scanned = index.scanned() if needles is not None else None
-    if scanned is not None and needles is not None:
-        try:
-            scanned_map = scanned.member("weight_map")
-            entries = scanned_map.entries(needles)
-            needed = {os.path.normpath(s) for n, s in entries.items() if keeps(n)}
-            held = scanned_map.values_held([f for f in under if f not in needed])
-            return held | needed, needed
-        except NotScannable:
-            pass
-    try:
-        raw = index.parsed()
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
-    shards = index_shards(weight_map)
-    if shards is None or not isinstance(weight_map, dict):
-        return None
-    # one C-level pass over the names: the rule's verdicts select their shards
-    kept = set(compress(weight_map.values(), map(keeps, weight_map)))
-    return {os.path.normpath(s) for s in shards}, {os.path.normpath(s) for s in kept}
-
-
-def read_indexes(folder: str) -> dict[str, JsonFile | None]:
-    """Index file name -> its bytes (None: not readable), for every index in ``folder``: read
-    once per load, for the narrowing and the plan (``Checkpoint.open``)."""
-    found: dict[str, JsonFile | None] = {}
+def read_indexes(folder: str) -> dict[str, object]:
+    """Index file name -> its parsed JSON (None: not readable as JSON), for every index in
+    ``folder``: parsed once per load, for the narrowing and the plan (``Checkpoint.open``)."""
+    found: dict[str, object] = {}
     for path in glob.glob(os.path.join(glob.escape(folder), INDEX_PATTERN)):
         try:
-            found[os.path.basename(path)] = JsonFile.read(path)
-        except OSError:
+            found[os.path.basename(path)] = read_json(path)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             found[os.path.basename(path)] = None
     return found
 

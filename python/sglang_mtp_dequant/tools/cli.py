@@ -61,19 +61,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
-    doctor = sub.add_parser(
-        "doctor",
-        help="list every draft tensor, the planned action and a verdict",
-        usage="%(prog)s [options] PATH [sglang launch flags] | [options] -- LAUNCH COMMAND",
-        epilog=LAUNCH_HELP + help_text(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    verify = sub.add_parser(
-        "verify",
-        help="load sglang's draft on the CPU, stock and with the plugin, and compare",
-        usage="%(prog)s [options] PATH [sglang launch flags] | [options] -- LAUNCH COMMAND",
-        epilog=LAUNCH_HELP + help_text(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    doctor, verify = (
+        sub.add_parser(
+            name,
+            help=summary,
+            usage="%(prog)s [options] PATH [sglang launch flags] | [options] -- LAUNCH COMMAND",
+            epilog=LAUNCH_HELP + help_text(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        for name, summary in (
+            ("doctor", "list every draft tensor, the planned action and a verdict"),
+            ("verify", "load sglang's draft on the CPU, stock and with the plugin, and compare"),
+        )
     )
     for command in (doctor, verify):
         command.add_argument(
@@ -186,8 +185,13 @@ def _usage_answer(args: argparse.Namespace, wrong: str, log: str | None) -> str:
         return json.dumps(
             {"verdict": ERROR, "reason": wrong, "requested": args.path, "problems": [wrong],
              "log": log}, indent=2)  # fmt: skip
+    return _error_text(args, wrong, wrong)
+
+
+def _error_text(args: argparse.Namespace, problem: object, reason: str) -> str:
+    """The text answer to an input or a launch refused before anything is loaded."""
     head = f"sglang-mtp-dequant {args.command}: {args.path}"
-    return f"{head}\n  problem: {wrong}\n\nverdict: error - {wrong}"
+    return f"{head}\n  problem: {problem}\n\nverdict: {ERROR} - {reason}"
 
 
 def _new_log(args: argparse.Namespace) -> str:
@@ -208,8 +212,7 @@ def _preflight(args: argparse.Namespace) -> str | None:
         return None
     if args.json:
         return json.dumps(_input_error_json(args, wrong), indent=2)
-    head = f"sglang-mtp-dequant {args.command}: {args.path}"
-    return f"{head}\n  problem: {wrong}\n\nverdict: error - {wrong.problem}"
+    return _error_text(args, wrong, wrong.problem)
 
 
 def _input_error_json(args: argparse.Namespace, wrong: InputError) -> dict[str, object]:

@@ -72,20 +72,6 @@ class TargetCheck:
             "sglang's ModelSlim serves for linear layers (W8A8_DYNAMIC, W8A8)"
         ]
 
-    def to_json(self) -> dict[str, Any]:
-        def layers(found: list[UnservedLayer]) -> list[dict[str, Any]]:
-            return [
-                {"layer": u.layer, "shards": {s.name: s.scheme for s in u.shards}} for u in found
-            ]
-
-        return {
-            "class": self.class_name,
-            "not_checked": self.not_checked or None,
-            "stock_unquantized_over_codes": layers(self.stock),
-            "supplied": self.supplied,
-            "refused": layers(self.refused),
-        }
-
 
 def _layers(found: list[UnservedLayer]) -> str:
     shown = [u.line() for u in found[: target_layers.SHOWN]]

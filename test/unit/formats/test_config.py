@@ -9,7 +9,7 @@ import os
 import pytest
 
 from sglang_mtp_dequant.errors import CheckpointFormatError
-from sglang_mtp_dequant.formats.config import CheckpointConfig, load_json, parse_json
+from sglang_mtp_dequant.formats.config import CheckpointConfig, load_json, read_json
 from unit.helpers import open_folder, w8a8_checkpoint
 
 
@@ -117,7 +117,12 @@ def test_load_json_names_what_the_file_should_be_and_what_to_do(tmp_path):
     assert str(caught.value).endswith(". What to do: export again")
 
 
-def test_parse_json_reads_what_orjson_refuses():
+def test_read_json_reads_what_orjson_refuses(tmp_path):
+    def parse_json(raw: bytes) -> object:
+        path = tmp_path / "file.json"
+        path.write_bytes(raw)
+        return read_json(str(path))
+
     assert parse_json(b'{"x": Infinity, "y": [1]}') == {"x": float("inf"), "y": [1]}
     with pytest.raises(json.JSONDecodeError):
         parse_json(b"{")

@@ -1,22 +1,12 @@
-"""What the doctor finds: ``diagnose`` fills a ``Diagnosis`` for one checkpoint path.
+"""What the doctor finds: ``diagnose`` fills a ``Diagnosis`` for one checkpoint path (usage, on
+the package).
 
-Usage::
-
-    report = diagnose("/models/Qwen3.5-27B-w8a8")          # a folder, a snapshot, a hub id
-    report = diagnose("acme/Qwen3.5-27B-w8a8", download_dir="/data/hub", revision="main")
-    print(render_text(report))              # a table, the verdict last
-    print(json.dumps(report.to_json()))     # {"schema_version": SCHEMA_VERSION, "verdict": ...}
-    sys.exit(0 if report.verdict == "ok" else 1)
-
-Why it exists: the bug this package fixes is silent (stock sglang serves raw int8 codes and
-logs nothing), so an operator needs a way to ask, before starting a server, "will this
-checkpoint's draft load correctly?". The doctor answers with the very decisions the plugin
-will take at load time, on the files sglang would stream (``sources.resolve_offline``: sglang's
-own resolution, offline), ``Checkpoint`` + ``DequantPlan`` (the same code), what stock sglang
-would do instead, and, from a dry run of sglang's own draft class on the meta device
-(``dryrun.py``), which draft parameters no checkpoint tensor will fill and which names the
-class will skip. It reads headers, ``config.json``, the description and the small companion
-tensors only (never a weight).
+The very decisions the plugin will take at load time, on the files sglang would stream
+(``sources.resolve_offline``: sglang's own resolution, offline), ``Checkpoint`` + ``DequantPlan``
+(the same code), what stock sglang would do instead, and, from a dry run of sglang's own draft
+class on the meta device (``dryrun.py``), which draft parameters no checkpoint tensor will fill
+and which names the class will skip. It reads headers, ``config.json``, the description and the
+small companion tensors only (never a weight).
 """
 
 from __future__ import annotations
@@ -394,7 +384,6 @@ def _notes(report: Diagnosis, ckpt: Checkpoint, built: Built | None) -> None:
             f"(e.g. {described_float[0]}): passed to sglang as they are; the misload guard "
             "checks their values when sglang loads them (codes stored as floats are refused)"
         )
-    passed = [t for t in report.tensors if t.action == "pass" and t.name and not t.codes]
     attention = [t for t in report.tensors if t.action == "pass" and "attention" in t.reason]
     if attention:
         report.notes.append(
@@ -402,7 +391,6 @@ def _notes(report: Diagnosis, ckpt: Checkpoint, built: Built | None) -> None:
             f"{attention[0].name}) are no weights: left to sglang, which has no parameter for "
             "them in an unquantized draft"
         )
-    del passed
     _quarot_note(report, ckpt, built)
     if ckpt.declared is not None:
         report.notes.append(

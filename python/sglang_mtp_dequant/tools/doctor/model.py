@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..verdicts import DOCTOR_SCHEMA_VERSION, ERROR, INACTIVE, OK, UNCHECKED, UNSUPPORTED
@@ -31,18 +31,8 @@ class TensorRow:
     format: str | None = None  # a foreign format (compressed-tensors, ModelOpt), if any
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "dtype": self.dtype,
-            "shape": self.shape,
-            "description": self.description,
-            "scheme": self.scheme,
-            "companions": self.companions,
-            "action": self.action,
-            "reason": self.reason,
-            "stock": self.stock,
-            "format": self.format,
-        }
+        """Every field but those of the text table alone."""
+        return {k: v for k, v in asdict(self).items() if k not in ("problem", "hint", "codes")}
 
 
 @dataclass

@@ -29,19 +29,20 @@ def _cells(row: TensorRow) -> tuple[str, ...]:
 def render_text(report: Diagnosis) -> str:
     """A plain-text table (stable, greppable, fits a log), then notes, then the verdict."""
     lines = [f"sglang-mtp-dequant doctor: {report.requested}"]
+    lines += _setting_lines(report) + [""] + _table_lines(report) + _finding_lines(report)
+    lines += ["", f"verdict: {report.verdict} - {report.reason}"]
+    return "\n".join(lines)
+
+
+def _setting_lines(report: Diagnosis) -> list[str]:
+    """What was resolved, the draft class, the launch, the build and what a load walks."""
+    lines = []
     if report.folder:
         lines.append(f"  resolved: {report.folder} ({report.resolved_by})")
     if report.folder or report.architecture:
-        hooked = ""
-        if report.hooked:
-            hooked = (
-                " (hooked by this plugin)"
-                if report.hooked_by in (None, report.draft_class)
-                else f" (hooked by this plugin through {report.hooked_by}.load_weights)"
-            )
         lines.append(
             f"  architecture: {report.architecture or '?'} -> draft class "
-            f"{report.draft_class or '(none this plugin hooks)'}{hooked}"
+            f"{report.draft_class or '(none this plugin hooks)'}{_hooked(report)}"
         )
     if report.launch:
         lines.append(f"  launch: {report.launch}")
@@ -58,22 +59,40 @@ def render_text(report: Diagnosis) -> str:
         )
     if report.walk is not None:
         lines.append(f"  draft load walks: {walk_line(report.walk)}")
-    lines.append("")
-    if report.tensors:
-        table = [_COLUMNS] + [_cells(r) for r in report.tensors]
-        widths = [max(len(r[i]) for r in table) for i in range(len(_COLUMNS) - 1)]
-        for cells in table:
-            left = "  ".join(c.ljust(w) for c, w in zip(cells[:-1], widths, strict=False))
-            lines.append(f"{left}  {cells[-1]}")
-        counts = report.counts()
-        lines.append("")
-        passed = f"{counts['pass']} pass (left to sglang), " if counts["pass"] else ""
-        lines.append(
-            f"  {len(report.tensors)} draft tensors: {counts['dequantize']} dequantize, "
-            f"{counts['keep']} keep, {passed}{counts['error']} error"
-        )
-    if report.stock:
-        lines.append(f"  stock: {report.stock}")
+    return lines
+
+
+def _hooked(report: Diagnosis) -> str:
+    if not report.hooked:
+        return ""
+    if report.hooked_by in (None, report.draft_class):
+        return " (hooked by this plugin)"
+    return f" (hooked by this plugin through {report.hooked_by}.load_weights)"
+
+
+def _table_lines(report: Diagnosis) -> list[str]:
+    """One aligned row per draft tensor, then the count of each action."""
+    if not report.tensors:
+        return []
+    lines = []
+    table = [_COLUMNS] + [_cells(r) for r in report.tensors]
+    widths = [max(len(r[i]) for r in table) for i in range(len(_COLUMNS) - 1)]
+    for cells in table:
+        left = "  ".join(c.ljust(w) for c, w in zip(cells[:-1], widths, strict=False))
+        lines.append(f"{left}  {cells[-1]}")
+    counts = report.counts()
+    passed = f"{counts['pass']} pass (left to sglang), " if counts["pass"] else ""
+    lines += [
+        "",
+        f"  {len(report.tensors)} draft tensors: {counts['dequantize']} dequantize, "
+        f"{counts['keep']} keep, {passed}{counts['error']} error",
+    ]
+    return lines
+
+
+def _finding_lines(report: Diagnosis) -> list[str]:
+    """Stock's outcome, the refusals by reason, the dry run's findings, notes and problems."""
+    lines = [f"  stock: {report.stock}"] if report.stock else []
     refused: dict[tuple[str, str], list[str]] = {}
     for row in report.tensors:
         if row.action == "error":
@@ -91,15 +110,10 @@ def render_text(report: Diagnosis) -> str:
         shown = ", ".join(report.skipped[:8])
         more = f" and {len(report.skipped) - 8} more" if len(report.skipped) > 8 else ""
         lines.append(f"  skipped by the draft class: {shown}{more}")
-    for note in report.notes:
-        lines.append(f"  note: {note}")
-    for item in report.unchecked:
-        lines.append(f"  unchecked: {item}")
-    for problem in report.problems:
-        lines.append(f"  problem: {problem}")
-    lines.append("")
-    lines.append(f"verdict: {report.verdict} - {report.reason}")
-    return "\n".join(lines)
+    lines += [f"  note: {note}" for note in report.notes]
+    lines += [f"  unchecked: {item}" for item in report.unchecked]
+    lines += [f"  problem: {problem}" for problem in report.problems]
+    return lines
 
 
 def walk_line(walk: dict) -> str:

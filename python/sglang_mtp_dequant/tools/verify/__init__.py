@@ -7,20 +7,12 @@ Usage::
     sys.exit(0 if report.ok else 1)
 
 Split by concern: ``independent`` (the independent dequantizer), ``run`` (building and loading
-the draft through sglang, comparing), ``report`` (the text).
+the draft through sglang, comparing), ``report`` (the result), ``render`` (the text).
 """
 
-from ..verdicts import VERIFY_SCHEMA_VERSION as SCHEMA_VERSION
 from .independent import independent_dequantize
-from .report import render_verify
-from .run import ParamRow, VerifyReport, run_verify, spec_for_class
+from .render import render_verify
+from .report import ParamRow, VerifyReport
+from .run import run_verify
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "ParamRow",
-    "VerifyReport",
-    "independent_dequantize",
-    "render_verify",
-    "run_verify",
-    "spec_for_class",
-]
+__all__ = ["ParamRow", "VerifyReport", "independent_dequantize", "render_verify", "run_verify"]

@@ -100,6 +100,15 @@ def independent_dequantize(
         return _float8(q, companion)
     if q.dtype != torch.int8:
         return None
+    return _integer(q, companion, described, version)
+
+
+def _integer(
+    q: torch.Tensor, companion: dict[str, torch.Tensor], described: str | None, version: str | None
+) -> torch.Tensor | None:
+    """int8 codes (int4 pairs unpacked first): ``(q - offset) * scale``, the two-stage int4
+    scales, or static W8A8 V1's ``q * deq_scale / input_scale``."""
+    scale = companion.get("weight_scale")
     if described in ("W4A8_DYNAMIC", "W4A16"):
         if scale is None:
             return None

@@ -1,105 +1,139 @@
-"""``verify``'s report as text: a table per draft parameter, then problems, then the verdict."""
+"""``verify``'s result: one row per draft parameter, the problems, the verdict and its JSON.
+
+Made by ``run.run_verify``, rendered as text by ``render.render_verify``.
+"""
 
 from __future__ import annotations
 
-import math
+from dataclasses import asdict, dataclass, field
 
-from .run import ParamRow, VerifyReport
+from ..verdicts import ERROR, INACTIVE, OK, UNCHECKED, UNSUPPORTED, VERIFY_SCHEMA_VERSION
 
-
-def _num(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if math.isnan(value):
-        return "not loaded"
-    return f"{value:.4g}"
+#: checks that pass: bit for bit, or (formats decoded by a library whose rounding differs from
+#: the format's own formula by design) within one ulp of the draft dtype
+PASSED = ("exact", "ulp")
 
 
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
+@dataclass
+class ParamRow:
+    """One draft parameter, as stock sglang, the reference and the plugin loaded it."""
+
+    parameter: str
+    sources: list[str]
+    quantized: bool = False  # fed by codes the plugin decodes
+    stock_absmax: float | None = None
+    plugin_absmax: float | None = None
+    check: str = "unchecked"  # exact | ulp (see PASSED) | mismatch | unchecked
+    why: str = ""  # why unchecked
+    max_error: float | None = None  # max |plugin - reference| in fp32
+    reference_absmax: float | None = None
+    stock_reference_error: float | None = None
+    plugin_reference_error: float | None = None
 
 
-def _short_sources(sources: list[str]) -> str:
-    if not sources:
-        return "-"
-    if len(sources) == 1:
-        return sources[0]
-    heads = {s.rsplit(".", 2)[0] for s in sources}
-    if len(heads) == 1 and len(sources) <= 4:
-        parts = ",".join(s.rsplit(".", 2)[1] for s in sources)
-        return f"{heads.pop()}.{{{parts}}}.weight"
-    return f"{sources[0]} +{len(sources) - 1}"
+@dataclass
+class VerifyReport:
+    """One ``verify`` run: what was resolved and built, the rows, what stopped a load."""
 
+    requested: str
+    folder: str = ""
+    resolved_by: str = ""
+    class_name: str = "?"
+    dtype: str | None = None
+    estimated_bytes: int = 0
+    shared_bytes: int = 0
+    files_streamed: list[str] = field(default_factory=list)
+    files_total: int = 0
+    reference: str | None = None
+    rows: list[ParamRow] = field(default_factory=list)
+    stock_error: str | None = None
+    plugin_error: str | None = None
+    problems: list[str] = field(default_factory=list)
+    launch: str = ""  # for which launch (flags, platform stood in) it was asked
+    built_quantized: str | None = None  # the quantization the draft was built with
+    unsupported: str = ""  # the class sglang builds is not one the plugin hooks
+    inactive: str = ""  # sglang's load_plugins() did not install the plugin's hook
+    notes: list[str] = field(default_factory=list)
 
-def _check(row: ParamRow) -> str:
-    if row.check in ("exact", "ulp"):
-        return row.check
-    if row.check == "mismatch":
-        return f"MISMATCH (max err {_num(row.max_error)})"
-    return f"unchecked: {row.why}" if row.why else "unchecked"
+    @property
+    def checked(self) -> int:
+        return sum(r.check in PASSED for r in self.rows)
 
+    @property
+    def mismatched(self) -> list[ParamRow]:
+        return [r for r in self.rows if r.check == "mismatch"]
 
-def render_verify(report: VerifyReport) -> str:
-    if not report.rows and (report.class_name == "?" or report.unsupported or report.inactive):
-        lines = [f"sglang-mtp-dequant verify: {report.requested}"]
-        lines += [f"  problem: {p}" for p in report.problems]
-        lines += ["", f"verdict: {report.verdict} - {report.reason}"]
-        return "\n".join(lines)
-    lines = [
-        f"sglang-mtp-dequant verify: {report.requested}",
-        f"  resolved: {report.folder} ({report.resolved_by})",
-        f"  launch: {report.launch}",
-        f"  draft class: {report.class_name} (sglang's own class for this architecture, built "
-        f"on the CPU in {report.dtype}"
-        + (f", quantized: {report.built_quantized})" if report.built_quantized else ")"),
-        f"  memory: {_size(report.estimated_bytes)} of draft parameters "
-        f"({_size(report.shared_bytes)} of them embedding + lm_head, taken from the target and "
-        "not compared), estimated on the meta device before allocating",
-        f"  streamed {len(report.files_streamed)} of {report.files_total} weight files (those "
-        "holding draft tensors) through sglang's DefaultModelLoader",
-        "  stock     = sglang's load_weights with the hook bypassed",
-        "  reference = the same, fed an independent fp32 dequantization rounded once to "
-        f"{report.dtype}",
-        "  plugin    = load_weights as hooked by sglang.srt.plugins.load_plugins()",
-        "  check     = exact: the plugin's parameter equals the reference bit for bit (ulp: "
-        "within one ulp, for a format compressed-tensors converts and rounds its own way)",
-    ]
-    if report.reference:
-        lines.append(f"  float ref = {report.reference}, the original float weights")
-    lines.append("")
-    header = ["parameter", "checkpoint tensors", "stock absmax", "plugin absmax", "check"]
-    if report.reference:
-        header += ["ref absmax", "stock err vs ref", "plugin err vs ref"]
-    table = [header]
-    for r in report.rows:
-        cells = [
-            r.parameter,
-            _short_sources(r.sources),
-            _num(r.stock_absmax),
-            _num(r.plugin_absmax),
-            _check(r),
-        ]
-        if report.reference:
-            cells += [
-                _num(r.reference_absmax),
-                _num(r.stock_reference_error),
-                _num(r.plugin_reference_error),
-            ]
-        table.append(cells)
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
-    lines.append("")
-    if report.stock_error:
-        lines.append(f"  stock load stopped: {report.stock_error}")
-    if report.plugin_error:
-        lines.append(f"  plugin load refused: {report.plugin_error}")
-    for problem in report.problems:
-        lines.append(f"  problem: {problem}")
-    for note in report.notes:
-        lines.append(f"  note: {note}")
-    lines.append(f"verdict: {report.verdict} - {report.reason}")
-    return "\n".join(lines)
+    @property
+    def verdict(self) -> str:
+        if self.problems or self.plugin_error or self.mismatched:
+            return ERROR
+        if self.inactive:
+            return INACTIVE
+        if self.unsupported:
+            return UNSUPPORTED
+        if self.checked == 0 or any(r.quantized and r.check not in PASSED for r in self.rows):
+            return UNCHECKED
+        return OK
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == OK
+
+    @property
+    def reason(self) -> str:
+        quantized = [r for r in self.rows if r.quantized]
+        verdict = self.verdict
+        if verdict == OK:
+            close = sum(r.check == "ulp" for r in self.rows)
+            within = (
+                f"; {close} of them within 1 ulp, compressed-tensors' rounding of a format it "
+                "converts"
+                if close
+                else ""
+            )
+            return (
+                f"{self.checked - close} draft parameters equal the reference bit for bit "
+                f"({len(quantized)} decoded from codes{within})"
+                if close
+                else f"{self.checked} draft parameters equal the reference bit for bit "
+                f"({len(quantized)} of them decoded from codes)"
+            )
+        if verdict == ERROR:
+            if self.problems and not self.rows:
+                return self.problems[0]
+            return "the plugin did not produce a correct draft (see above)"
+        if verdict == INACTIVE:
+            return self.inactive
+        if verdict == UNSUPPORTED:
+            return self.unsupported
+        if self.checked == 0:
+            return "no draft parameter could be checked"
+        unchecked = [r.parameter for r in quantized if r.check not in PASSED]
+        return (
+            f"{len(unchecked)} parameter(s) decoded from codes could not be compared (e.g. "
+            f"{unchecked[0]}: {next(r.why for r in quantized if r.check not in PASSED)})"
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "schema_version": VERIFY_SCHEMA_VERSION,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "requested": self.requested,
+            "folder": self.folder or None,
+            "resolved_by": self.resolved_by or None,
+            "draft_class": self.class_name if self.class_name != "?" else None,
+            "draft_dtype": self.dtype,
+            "launch": self.launch,
+            "built_quantized": self.built_quantized,
+            "estimated_bytes": self.estimated_bytes,
+            "shared_bytes": self.shared_bytes,
+            "files_streamed": self.files_streamed,
+            "files_total": self.files_total,
+            "reference": self.reference,
+            "stock_error": self.stock_error,
+            "plugin_error": self.plugin_error,
+            "problems": self.problems,
+            "notes": self.notes,
+            "parameters": [asdict(r) for r in self.rows],
+        }
