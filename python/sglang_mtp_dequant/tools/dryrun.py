@@ -134,7 +134,7 @@ def simulate_load(
         else:
             weights = _observed(_header_tensors(checkpoint), writes)
         with bypassed():  # sglang's own load_weights (fed the plugin's stream if planned)
-            cast(Any, model).load_weights(weights)
+            cast(Any, model).load_weights(writes.follow(weights))
     coverage = Coverage(built.class_name, built.dtype, writes.unwritten(), writes.skipped_names())
     owned = quant_owned(model)  # codes by design
     decoded = set(plan.to_dequantize) if plan is not None else set()

@@ -295,7 +295,7 @@ def _load(model: torch.nn.Module, spec: DraftSpec, weights: Weights, *, hooked: 
     with WriteRecorder(model, spec.from_target) as writes:
         try:
             with contextlib.nullcontext() if hooked else bypassed():
-                cast(Any, model).load_weights(_observed(weights, writes, is_draft))
+                cast(Any, model).load_weights(writes.follow(_observed(weights, writes, is_draft)))
         except Exception as exc:  # noqa: BLE001 - a load that stops is a finding, reported
             error = f"{type(exc).__name__}: {exc}"
     values = {n: writes.params[n].detach().clone() for n in writes.written_parameters()}
