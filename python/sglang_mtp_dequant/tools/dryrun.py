@@ -21,7 +21,7 @@ is the one a real load would make; no weight byte is read.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -132,7 +132,7 @@ def simulate_load(
             )
             weights = stream.apply(_header_tensors(checkpoint))
         else:
-            weights = _observed(_header_tensors(checkpoint), writes)
+            weights = writes.observe(_header_tensors(checkpoint))
         with bypassed():  # sglang's own load_weights (fed the plugin's stream if planned)
             cast(Any, model).load_weights(writes.follow(weights))
     coverage = Coverage(built.class_name, built.dtype, writes.unwritten(), writes.skipped_names())
@@ -150,14 +150,6 @@ def simulate_load(
         if codes:
             coverage.codes_in_float[parameter] = codes
     return coverage
-
-
-def _observed(
-    weights: Iterable[tuple[str, torch.Tensor]], writes: WriteRecorder
-) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, tensor in weights:
-        writes.on_streamed(name, tensor)
-        yield name, tensor
 
 
 def _header_tensors(checkpoint: Checkpoint) -> Iterator[tuple[str, torch.Tensor]]:

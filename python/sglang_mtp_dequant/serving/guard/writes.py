@@ -177,6 +177,19 @@ class WriteRecorder:
         for tap in self._taps:
             tap.attributes[tap.slot] = tap.unbound
 
+    def observe(
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        is_draft: Callable[[str], bool] = lambda name: True,
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """``weights`` unchanged, each draft name told to the recorder as sglang pulls it (what
+        the plugin's stream does through ``on_streamed``), for loads that feed sglang a plain
+        stream: the CLI's dry run and ``verify``."""
+        for name, tensor in weights:
+            if is_draft(name):
+                self.on_streamed(name, tensor)
+            yield name, tensor
+
     def _record(
         self,
         name: str,

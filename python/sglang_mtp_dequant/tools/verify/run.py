@@ -295,21 +295,11 @@ def _load(model: torch.nn.Module, spec: DraftSpec, weights: Weights, *, hooked: 
     with WriteRecorder(model, spec.from_target) as writes:
         try:
             with contextlib.nullcontext() if hooked else bypassed():
-                cast(Any, model).load_weights(writes.follow(_observed(weights, writes, is_draft)))
+                cast(Any, model).load_weights(writes.follow(writes.observe(weights, is_draft)))
         except Exception as exc:  # noqa: BLE001 - a load that stops is a finding, reported
             error = f"{type(exc).__name__}: {exc}"
     values = {n: writes.params[n].detach().clone() for n in writes.written_parameters()}
     return Loaded(values, writes, error)
-
-
-def _observed(
-    weights: Weights, writes: WriteRecorder, is_draft: Callable[[str], bool]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Tell the recorder each draft name as the load pulls it, as the plugin's stream does."""
-    for name, tensor in weights:
-        if is_draft(name):
-            writes.on_streamed(name, tensor)
-        yield name, tensor
 
 
 def _reference_stream(
