@@ -213,5 +213,5 @@ def make_load_weights_hook(spec: DraftSpec) -> LoadWeightsHook:
             return original(model, weights, *args, **kwargs)  # files as sglang resolved them
         return load.run(original, model, weights, args, kwargs)
 
-    load_weights_with_dequant.__qualname__ = f"sglang_mtp_dequant[{spec.class_name}]"
+    load_weights_with_dequant.__qualname__ = spec.hook_name
     return load_weights_with_dequant
