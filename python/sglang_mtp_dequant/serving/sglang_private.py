@@ -221,8 +221,9 @@ LEDGER: tuple[Private, ...] = (
         where=RAY_LAUNCH_TARGET,
         why="sglang's Ray actors never call load_plugins(); the launch is the last moment "
         "the driver can make Ray run the plugin's setup hook in every worker",
-        how="BEFORE hook that checks Ray's runtime env, initialising Ray with the hook or "
-        "refusing the launch",
+        how="BEFORE hook: initialises Ray with the setup hook, or asks the workers of an "
+        "already-initialised job whether the plugin's hook is applied and refuses the launch "
+        "when one says no",
         remove_when="sglang's SchedulerActor calls load_plugins()",
         spelled=("_launch_scheduler_processes",),
         accessors=("RAY_LAUNCH_TARGET",),
