@@ -207,6 +207,32 @@ def test_a_draft_built_quantized_is_narrowed_and_loads_what_stock_loads(
     ], lines
 
 
+def test_where_sglang_dequantizes_the_draft_itself_its_file_list_is_left_alone(
+    load, tmp_path, caplog, monkeypatch
+):
+    """An sglang that decodes its drafts itself (the patched tree, a later release): the plugin
+    steps aside for the class and leaves sglang's resolved file list exactly as it is (no
+    narrowing: no guard judges such a load), so the draft loads what stock loads. What is
+    stood in: the step-aside decision (``plugin.sglang_dequantizes_drafts`` answers yes, as it
+    does over the patched tree, ``test_upstream_series.py``); the code under test is what the
+    hook does after it."""
+    from sglang_mtp_dequant.serving import context, plugin
+
+    folder, files = sharded(tmp_path, DENSE)
+    stock = load(folder, DENSE, plugin=False)
+    assert streamed_files(stock_of=folder) == tuple(files)
+    monkeypatch.setattr(plugin, "sglang_dequantizes_drafts", lambda *args, **kwargs: True)
+    monkeypatch.setattr(context, "_resolved_outside", {})  # forget the stock load's list
+    caplog.clear()
+    stepped_aside = load(folder, DENSE)
+    # resolved outside any plugin load, as sglang resolved it: all 4 files
+    source = context.resolution_of(folder)
+    assert source is not None and source.files == tuple(files), source
+    assert_same_bits(stepped_aside, stock)
+    (line,) = plugin_lines(caplog)
+    assert "the plugin leaves the Qwen3_5ForCausalLMMTP draft load to it" in line, line
+
+
 def test_a_float_draft_says_what_it_skipped(load, tmp_path, caplog):
     """Nothing to decode, but files skipped: one INFO line, and the float weights as stock."""
     float_folder = str(tmp_path / "float-sharded")

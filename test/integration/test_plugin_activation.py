@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pkgutil
 import subprocess
 import sys
 
@@ -42,6 +43,63 @@ def test_register_twice_hooks_once(sglang_cpu):
     before = len(HookRegistry._hooks[sglang_cpu])
     register()
     assert len(HookRegistry._hooks[sglang_cpu]) == before
+
+
+@pytest.fixture
+def hook_registry_restored(sglang_cpu):
+    """sglang's ``HookRegistry`` state and every draft class's ``load_weights`` as they were,
+    put back after the test (the session's other tests need the plugin's hooks)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_mtp_dequant.serving.drafts import DRAFT_SPECS
+
+    hooks = {target: list(entries) for target, entries in HookRegistry._hooks.items()}
+    patched = set(HookRegistry._patched)
+    classes = {}
+    for spec in DRAFT_SPECS:
+        owner, _, attribute = spec.target.rpartition(".")
+        with contextlib.suppress(Exception):
+            cls = pkgutil.resolve_name(owner)
+            classes[spec.target] = (cls, attribute, cls.__dict__[attribute])
+    yield HookRegistry
+    HookRegistry._hooks.clear()
+    HookRegistry._hooks.update(hooks)
+    HookRegistry._patched.clear()
+    HookRegistry._patched.update(patched)
+    for cls, attribute, method in classes.values():
+        setattr(cls, attribute, method)
+
+
+def test_after_sglangs_hook_registry_reset_the_installed_hooks_are_reported(
+    hook_registry_restored,
+):
+    """sglang's own ``HookRegistry.reset()`` forgets every hook but leaves each wrapper
+    installed: the draft classes still run the plugin's hook, and ``inactive_targets`` says so
+    (read from the methods, not from the registry). Removing one wrapper by hand is reported
+    for that class alone."""
+    from sglang_mtp_dequant.serving.drafts import DRAFT_SPECS
+    from sglang_mtp_dequant.serving.ray_setup import inactive_targets
+    from sglang_mtp_dequant.serving.sglang_private import patched_targets
+
+    present = [s.target for s in DRAFT_SPECS if _resolvable(s.target)]
+    assert len(present) == 7 and inactive_targets() == []
+    hook_registry_restored.reset()  # sglang's own test helper
+    assert not patched_targets()  # the registry forgot what it applied ...
+    for target in present:  # ... while every wrapper is still there
+        assert unwrapped(pkgutil.resolve_name(target)) is not pkgutil.resolve_name(target)
+    assert inactive_targets() == []
+    owner, _, attribute = present[0].rpartition(".")
+    cls = pkgutil.resolve_name(owner)
+    setattr(cls, attribute, unwrapped(getattr(cls, attribute)))
+    assert inactive_targets() == [present[0]]
+
+
+def _resolvable(target: str) -> bool:
+    try:
+        pkgutil.resolve_name(target)
+    except Exception:
+        return False
+    return True
 
 
 def test_missing_hook_target_warns_with_sglang_version(sglang_cpu, caplog):

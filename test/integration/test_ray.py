@@ -15,7 +15,12 @@ real SchedulerActor asks for ``num_gpus=1``; nothing uses a GPU):
    ``sglang_mtp_dequant.serving.ray_setup.setup`` as the job's worker setup hook; sglang creates its
    real ``SchedulerActor``, which must report the plugin active in its own process;
 3. on that same job (Ray initialized, with the hook, as after a user's own
-   ``ray.init(runtime_env=...)``) the guard must let the launch go ahead.
+   ``ray.init(runtime_env=...)``) the guard must let the launch go ahead;
+4. Ray initialized with a hook of the user's own that calls ``setup()``: accepted (the guard
+   asks one worker per node whether the hook is applied, not the hook's name), and sglang's
+   ``SchedulerActor`` reports the plugin active;
+5. Ray initialized with a hook of the user's own that does not call it: refused, naming what
+   the worker reported, before any actor exists.
 
 Mocked, and why: inside the actor, sglang's ``Scheduler`` (it builds models on a GPU) is the
 probe of ``test_processes.py``, installed by a test-only plugin that only ``load_plugins()``
@@ -58,6 +63,20 @@ from test_processes import (
 pytestmark = pytest.mark.slow  # spawns processes (see pyproject.toml)
 
 SETUP_HOOK = "sglang_mtp_dequant.serving.ray_setup.setup"
+#: a user's own job-level hooks (written to the probe site, on every worker's PYTHONPATH): one
+#: does its own set-up and calls ours, as docs/deployment.md tells users; the other forgets it
+USER_HOOKS_MODULE = "user_ray_hooks"
+USER_HOOK = f"{USER_HOOKS_MODULE}.set_up_worker"
+USER_HOOK_BARE = f"{USER_HOOKS_MODULE}.set_up_worker_without_the_plugin"
+USER_HOOKS_SOURCE = (
+    "import os\n\n\n"
+    "def set_up_worker():\n"
+    "    os.environ['USER_HOOK_RAN'] = '1'\n"
+    "    from sglang_mtp_dequant.serving.ray_setup import setup\n\n"
+    "    setup()\n\n\n"
+    "def set_up_worker_without_the_plugin():\n"
+    "    os.environ['USER_HOOK_RAN'] = '1'\n"
+)
 DRIVER_TIMEOUT = 600.0  # a hang guard, not a speed limit (shared CI machines)
 SUBPROCESS_TIMEOUT = 600.0
 
@@ -124,6 +143,38 @@ def driver_main(argv: list[str]) -> None:
     for actor in init_result.scheduler_actors:
         ray.kill(actor)
     ray.shutdown()
+
+    # 4. Ray initialized by the driver with a hook of the user's own that calls setup():
+    #    accepted by what the workers report, and sglang's actor has the plugin
+    started = time.monotonic()
+    ray.init(include_dashboard=False, runtime_env={"worker_process_setup_hook": USER_HOOK})
+    try:
+        own_result, _ = RayEngine._launch_scheduler_processes(
+            server_args, port_args, run_scheduler_process
+        )
+        result["own_hook_calling_setup"] = "accepted"
+        result["own_hook_schedulers"] = [info[PROBE_KEY] for info in own_result.scheduler_infos]
+        for actor in own_result.scheduler_actors:
+            ray.kill(actor)
+    except PluginNotInRayWorkersError as exc:
+        result["own_hook_calling_setup"] = str(exc)
+    result["own_hook_job_hook"] = ray.get_runtime_context().runtime_env.get(
+        "worker_process_setup_hook"
+    )
+    ray.shutdown()
+    result["own_hook_seconds"] = time.monotonic() - started
+
+    # 5. a hook of the user's own that does not call setup(): refused, by the workers' report
+    started = time.monotonic()
+    ray.init(include_dashboard=False, runtime_env={"worker_process_setup_hook": USER_HOOK_BARE})
+    try:
+        guard_ray_launch(RayEngine, server_args, port_args, run_scheduler_process)
+        result["own_hook_without_setup"] = None
+    except PluginNotInRayWorkersError as exc:
+        result["own_hook_without_setup"] = str(exc)
+    result["actors_after_own_hook_refusal"] = _count_actors()
+    ray.shutdown()
+    result["own_hook_refusal_seconds"] = time.monotonic() - started
     with open(opts.out, "w") as handle:
         json.dump(result, handle)
 
@@ -194,6 +245,8 @@ def runs():
 
 def _runs(tmp: str) -> dict:
     site = write_probe_site(os.path.join(tmp, "site"))
+    with open(os.path.join(site, f"{USER_HOOKS_MODULE}.py"), "w") as handle:
+        handle.write(USER_HOOKS_SOURCE)
     out = os.path.join(tmp, "result.json")
     ray_tmp = os.path.join("/tmp", f"rt{os.getpid()}")  # Ray's socket paths must stay short
     driver_env = probe_env(
@@ -233,6 +286,8 @@ def _runs(tmp: str) -> dict:
     assert code == 0, f"driver exit {code}:\n{log[-5000:]}"
     with open(out) as handle:
         results["ray"] = json.load(handle)
+    seconds = {k: round(v, 1) for k, v in results["ray"].items() if k.endswith("seconds")}
+    print("ray driver seconds:", seconds)
     return results
 
 
@@ -261,6 +316,27 @@ def test_guard_initializes_ray_with_the_setup_hook(ray_run):
 
 def test_ray_initialized_with_the_hook_is_accepted(ray_run):
     assert ray_run["initialized_with_hook"] == "accepted"
+
+
+def test_own_hook_calling_setup_is_accepted_and_its_actor_has_the_plugin(ray_run):
+    """A job whose own worker_process_setup_hook calls setup(): the guard asks the job's
+    workers, not the hook's name, and lets the launch go; sglang's real SchedulerActor then
+    reports the plugin's hook applied in its own process."""
+    assert ray_run["own_hook_calling_setup"] == "accepted", ray_run["own_hook_calling_setup"]
+    assert ray_run["own_hook_job_hook"] == USER_HOOK
+    (actor,) = ray_run["own_hook_schedulers"]
+    assert actor["plugins_loaded"] is True and actor["inactive_targets"] == [], actor
+    assert OUR_HOOK in actor["hooks"], actor
+
+
+def test_own_hook_without_setup_is_refused_by_what_the_workers_report(ray_run):
+    message = ray_run["own_hook_without_setup"]
+    assert message is not None, "a job whose workers lack the hook was let through"
+    assert "refusing this Ray launch" in message and USER_HOOK_BARE in message, message
+    # the worker's own report: every draft class unhooked in its process
+    assert "has no dequantization hook on sglang.srt.models.qwen3_5_mtp." in message, message
+    assert f"calls {SETUP_HOOK}()" in message, message  # the way out: one's own hook calling it
+    assert ray_run["actors_after_own_hook_refusal"] == 0
 
 
 def test_scheduler_actor_has_the_plugin_in_its_own_process(ray_run):

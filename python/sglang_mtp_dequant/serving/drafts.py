@@ -62,6 +62,12 @@ class DraftSpec:
     def class_name(self) -> str:
         return self.target.rsplit(".", 2)[-2]
 
+    @property
+    def hook_name(self) -> str:
+        """The ``__qualname__`` of the plugin's hook on this ``load_weights``: how the hook is
+        told among the wrappers installed on the method (``ray_setup.inactive_targets``)."""
+        return f"sglang_mtp_dequant[{self.class_name}]"
+
     def draft_names(self, model_or_config: DraftSource) -> NameRule:
         return self.name_rule(model_or_config)
 

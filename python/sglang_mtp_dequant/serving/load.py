@@ -241,23 +241,6 @@ class DraftLoad:
         self._log()
         return result
 
-    def run_narrowed(
-        self,
-        original: Callable[..., Any],
-        model: torch.nn.Module,
-        weights: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Any:
-        """sglang's own ``load_weights`` on the narrowed files only (an sglang that decodes
-        drafts itself), with the narrowing's line."""
-        with self._in_progress():
-            result = original(model, weights, *args, **kwargs)
-        line = self.narrowing_line()
-        if line is not None:
-            logger.info("%s", line)
-        return result
-
     @contextlib.contextmanager
     def _in_progress(self) -> Iterator[None]:
         token = _IN_PROGRESS.set(self)

@@ -187,7 +187,8 @@ def make_load_weights_hook(spec: DraftSpec) -> LoadWeightsHook:
 
     Inside ``plugin.bypassed()`` it calls ``original`` untouched. Otherwise the load is one
     ``load.DraftLoad``: an sglang that dequantizes drafts itself (``sglang_dequantizes_drafts``)
-    loads a draft built unquantized alone, on the narrowed files; any other draft loads
+    loads a draft built unquantized alone, on the files it resolved: no narrowing, since no
+    guard checks such a load (docs/design.md, "The draft load"); any other draft loads
     through the planned, decoding stream and the guard (a draft built quantized with only its
     plain ``nn.Linear`` parts decoded, ``load.LoadSetting``). The result is ``original``'s.
     """
@@ -209,8 +210,8 @@ def make_load_weights_hook(spec: DraftSpec) -> LoadWeightsHook:
                 original.__module__,
                 spec.class_name,
             )
-            return load.run_narrowed(original, model, weights, args, kwargs)
+            return original(model, weights, *args, **kwargs)  # files as sglang resolved them
         return load.run(original, model, weights, args, kwargs)
 
-    load_weights_with_dequant.__qualname__ = f"sglang_mtp_dequant[{spec.class_name}]"
+    load_weights_with_dequant.__qualname__ = spec.hook_name
     return load_weights_with_dequant

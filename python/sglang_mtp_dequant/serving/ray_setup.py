@@ -6,12 +6,15 @@ Usage::
     # Ray: the launch guard initializes Ray with ``setup`` before the first actor exists.
     # A driver that initializes Ray itself (or `ray job submit --runtime-env-json`) passes:
     ray.init(runtime_env={"worker_process_setup_hook": SETUP_HOOK})
+    # or a hook of its own that calls setup(): accepted when the job's workers report the
+    # plugin's hook applied (workers_without_plugin), whatever the hook is called
 
 Why: sglang's Ray ``SchedulerActor`` builds the draft but never calls ``load_plugins()``, and
 the only public way to run code in every worker of a job is the job-level
 ``worker_process_setup_hook``. ``setup()`` is that hook (it raises when the plugin's hook is
 still missing, so the launch fails with the reason); ``guard_ray_launch``, in the driver,
-initializes Ray with it or refuses a launch whose Ray lacks it. The whole story, with the
+initializes Ray with it, or asks a worker of an already-initialized job on each node whether
+the hook is applied there and refuses the launch when one says no. The whole story, with the
 measured cost of resolving the guard's target: docs/deployment.md, "Ray".
 
 Cost: when Ray is installed, resolving the guard's target imports ``ray`` and
@@ -21,12 +24,14 @@ the hook imports sglang's draft module once when it starts.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import json
 import logging
 import os
 import pkgutil
+import time
 from typing import Any
 
 from ..errors import MtpDequantError
@@ -45,6 +50,10 @@ LAUNCH_TARGET = sglang_private.RAY_LAUNCH_TARGET
 _RAY_HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 #: set by `ray job submit` for the entrypoint driver: the job's config, runtime env included
 _RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+#: how long the launch check waits for one Ray worker per node to report (its start imports
+#: sglang's draft modules once): a hang guard, not a speed limit
+PROBE_TIMEOUT_S = 300.0
 
 _guard_registered = False
 
@@ -83,19 +92,21 @@ def setup() -> None:
 
 
 def inactive_targets() -> list[str]:
-    """Draft classes present in this sglang whose ``load_weights`` this process has not hooked.
+    """Draft classes present in this sglang whose ``load_weights`` does not run this plugin's
+    hook in this process, read from the installed methods themselves: ``HookRegistry``'s own
+    record is no proof (its ``reset()`` clears it while every wrapper stays installed), nor is
+    this package's list of what it registered.
 
     A target this sglang does not have is not listed (no such draft can be built here).
     """
-    registered = context.registered_targets()
-    applied = sglang_private.patched_targets()
     missing = []
     for spec in DRAFT_SPECS:
         try:
-            pkgutil.resolve_name(spec.target)
+            method = pkgutil.resolve_name(spec.target)
         except Exception:
             continue
-        if spec.target not in registered or spec.target not in applied:
+        hooks = sglang_private.hooks_around(method)
+        if not any(getattr(hook, "__qualname__", None) == spec.hook_name for hook in hooks):
             missing.append(spec.target)
     return missing
 
@@ -142,7 +153,12 @@ def guard_ray_launch(cls: type, *args: Any, **kwargs: Any) -> None:
 
     sglang never calls ``ray.init`` itself: its first Ray call in this method auto-initializes
     Ray, which is ``ray.init()`` with no arguments. Doing that here with the setup hook is the
-    same initialization, plus the hook.
+    same initialization, plus the hook (``setup`` raises in any worker where it cannot apply
+    the hook, so that job checks itself). Any other job (Ray initialized by the driver, a
+    submitted job's runtime env) is judged by what its workers report, not by the name of its
+    hook: one Ray worker per node reports, from its own process, the draft classes whose
+    ``load_weights`` lacks the plugin's hook (``workers_without_plugin``); the launch goes
+    ahead when none does, whatever hook put it there (``setup``, a user's own hook calling it).
     """
     server_args = kwargs.get("server_args", args[0] if args else None)
     if not draft_may_need_plugin(server_args):
@@ -153,22 +169,77 @@ def guard_ray_launch(cls: type, *args: Any, **kwargs: Any) -> None:
         job_hook = setup_hook_of(_submitted_job_runtime_env())
         if job_hook is None:
             ray.init(runtime_env={"worker_process_setup_hook": SETUP_HOOK})
-        elif job_hook == SETUP_HOOK:
-            ray.init()  # the submitted job's runtime env already carries the hook
-        else:
-            raise _refusal(f"the submitted Ray job's worker_process_setup_hook is {job_hook!r}")
-        logger.info(
-            "sglang-mtp-dequant: initialized Ray with worker_process_setup_hook=%s, so sglang's "
-            "SchedulerActors load the plugin",
-            SETUP_HOOK,
+            logger.info(
+                "sglang-mtp-dequant: initialized Ray with worker_process_setup_hook=%s, so "
+                "sglang's SchedulerActors load the plugin",
+                SETUP_HOOK,
+            )
+            return
+        ray.init()  # the submitted job's runtime env carries its hook (Ray refuses it twice)
+        why = f"the submitted Ray job's worker_process_setup_hook is {job_hook!r}"
+    else:
+        job_hook = setup_hook_of(ray.get_runtime_context().runtime_env)
+        why = "Ray was initialized before the launch " + (
+            "without a worker_process_setup_hook" if job_hook is None else f"with hook {job_hook!r}"
         )
-        return
-    hook = setup_hook_of(ray.get_runtime_context().runtime_env)
-    if hook != SETUP_HOOK:
-        raise _refusal(
-            "Ray was initialized before the launch "
-            + ("without a worker_process_setup_hook" if hook is None else f"with hook {hook!r}")
-        )
+    problems = workers_without_plugin(ray)
+    if problems:
+        raise _refusal(why, problems)
+    logger.info(
+        "sglang-mtp-dequant: a Ray worker of this job on each node reports the plugin's hook on "
+        "every draft class (worker_process_setup_hook %r): sglang's SchedulerActors load it",
+        job_hook,
+    )
+
+
+def worker_report() -> dict[str, Any]:
+    """What one Ray worker of the job reports, run in it as a task, so after the job's
+    ``worker_process_setup_hook`` ran there: its pid and the draft targets whose
+    ``load_weights`` lacks the plugin's hook in its process (``inactive_targets``)."""
+    return {"pid": os.getpid(), "inactive": inactive_targets()}
+
+
+def workers_without_plugin(ray: Any) -> list[str]:
+    """One line per alive Ray node whose worker of this job reports a draft class unhooked, or
+    gives no report (a setup hook that raises ends its worker: Ray's ``WorkerCrashedError``,
+    within seconds; a hang: ``PROBE_TIMEOUT_S``); empty when every node's worker reports every
+    draft class hooked.
+
+    The probe asks for no CPU (a cluster whose CPUs are all taken still answers) and is not
+    retried; it is pickled by reference, so a node without this package fails to run it and
+    is reported.
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    probe = ray.remote(num_cpus=0, max_retries=0)(worker_report)
+    refs = {
+        node["NodeID"]: probe.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+        ).remote()
+        for node in ray.nodes()
+        if node.get("Alive")
+    }
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    problems = []
+    for node, ref in refs.items():
+        try:
+            report = ray.get(ref, timeout=max(1.0, deadline - time.monotonic()))
+        except Exception as exc:  # noqa: BLE001 - Ray's own error, reported as is
+            with contextlib.suppress(Exception):  # a task that failed has nothing to cancel
+                ray.cancel(ref, force=True)
+            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+            problems.append(
+                f"node {node}: its Ray worker of this job gave no report ({type(exc).__name__}: "
+                f"{reason[:300]}; a worker_process_setup_hook that raises ends the worker: "
+                "its error is in the worker's log)"
+            )
+            continue
+        if report["inactive"]:
+            problems.append(
+                f"node {node}: Ray worker pid {report['pid']} has no dequantization hook on "
+                f"{', '.join(report['inactive'])}"
+            )
+    return problems
 
 
 def setup_hook_of(runtime_env: Any) -> str | None:
@@ -216,18 +287,21 @@ def draft_may_need_plugin(server_args: Any) -> bool:
     return any(info.holds_codes for info in ckpt.tensors.values())
 
 
-def _refusal(why: str) -> PluginNotInRayWorkersError:
+def _refusal(why: str, problems: list[str]) -> PluginNotInRayWorkersError:
     return PluginNotInRayWorkersError(
         subject="refusing this Ray launch",
         problem=(
-            f"{why}, so sglang's SchedulerActors (which build the draft and never call "
-            "load_plugins()) would load the quantized draft WITHOUT dequantization"
+            f"{why} and this job's Ray workers report the plugin's hook missing, so sglang's "
+            "SchedulerActors (which build the draft and never call load_plugins()) would load "
+            "the quantized draft WITHOUT dequantization"
         ),
         hint=(
             "give the job the setup hook, e.g. "
             f'ray.init(runtime_env={{"worker_process_setup_hook": "{SETUP_HOOK}"}}) before '
             "creating the engine, or `ray job submit --runtime-env-json "
             f'\'{{"worker_process_setup_hook": "{SETUP_HOOK}"}}\' -- ...`; a hook of your own '
-            f"must call {SETUP_HOOK}() too. Or leave Ray uninitialized and the plugin does it"
+            f"is accepted when it calls {SETUP_HOOK}() (the check is what the workers report, "
+            "not the hook's name). Or leave Ray uninitialized and the plugin does it"
         ),
+        details=problems,
     )

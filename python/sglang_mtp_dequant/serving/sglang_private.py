@@ -176,10 +176,30 @@ LEDGER: tuple[Private, ...] = (
         where="sglang.srt.plugins.hook_registry.HookRegistry._patched",
         why="whether a registered hook was really applied in this process (Ray workers, "
         "a failed apply)",
-        how="read only, by the Ray launch check (ray_setup.py)",
+        how="read only, by tests that tell a registered hook from an applied one; the plugin "
+        "itself asks the installed wrappers (hooks_around): HookRegistry.reset() clears this "
+        "set while every wrapper stays installed",
         remove_when="HookRegistry offers an is_applied(target) query",
         spelled=("_patched",),
         accessors=("patched_targets",),
+        also_spelled_in=(
+            # the HookRegistry.reset() test puts the registry's record back afterwards
+            "test/integration/test_plugin_activation.py",
+        ),
+    ),
+    Private(
+        name="HookRegistry's wrapper (_wrap_fn): its hook in the closure variable 'hook' "
+        "(co_freevars), what it wraps in __wrapped__",
+        where="sglang.srt.plugins.hook_registry._wrap_fn",
+        why="whether this package's hook is really on a draft class in this process: "
+        "HookRegistry's own record (_patched) is cleared by HookRegistry.reset() while the "
+        "wrappers stay installed, and says nothing of a wrapper someone removed",
+        how="read only: hooks_around(method) walks the installed wrappers and reads each "
+        "one's hook (ray_setup.inactive_targets, in the driver and in every Ray worker)",
+        remove_when="HookRegistry offers an is_applied(target) query that reads the "
+        "installed objects",
+        spelled=("co_freevars",),
+        accessors=("hooks_around",),
     ),
     Private(
         name="functools.wraps' __wrapped__ on HookRegistry's wrapper",
@@ -201,8 +221,9 @@ LEDGER: tuple[Private, ...] = (
         where=RAY_LAUNCH_TARGET,
         why="sglang's Ray actors never call load_plugins(); the launch is the last moment "
         "the driver can make Ray run the plugin's setup hook in every worker",
-        how="BEFORE hook that checks Ray's runtime env, initialising Ray with the hook or "
-        "refusing the launch",
+        how="BEFORE hook: initialises Ray with the setup hook, or asks the workers of an "
+        "already-initialised job whether the plugin's hook is applied and refuses the launch "
+        "when one says no",
         remove_when="sglang's SchedulerActor calls load_plugins()",
         spelled=("_launch_scheduler_processes",),
         accessors=("RAY_LAUNCH_TARGET",),
@@ -440,6 +461,25 @@ def patched_targets() -> frozenset[str]:
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     return frozenset(HookRegistry._patched)
+
+
+def hooks_around(function: Any) -> list[Any]:
+    """The hooks ``HookRegistry`` wrapped around ``function`` as installed now, outermost
+    first: each wrapper its ``_wrap_fn`` makes holds its hook in the closure variable ``hook``
+    and the function it wraps in ``__wrapped__``. Empty for a function no hook wraps."""
+    hooks = []
+    seen: set[int] = set()
+    while function is not None and id(function) not in seen:
+        seen.add(id(function))
+        code = getattr(function, "__code__", None)
+        cells = dict(zip(code.co_freevars, function.__closure__ or (), strict=True)) if code else {}
+        if "hook" in cells:
+            try:
+                hooks.append(cells["hook"].cell_contents)
+            except ValueError:  # an empty cell: no hook bound
+                pass
+        function = getattr(function, "__wrapped__", None)
+    return hooks
 
 
 def mtp_file_added(files: list[str], folder: str, index_file: str, hf_config: Any) -> list[str]:
