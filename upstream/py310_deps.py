@@ -3,7 +3,7 @@
 from the pinned 0.5.23 wheel's METADATA for CPython 3.10 on Linux x86_64, and its lock file.
 
 The wheel is all there is of sglang 0.5.23 here (``upstream/BASE``): it has no
-``python/pyproject.toml``, so ``python[dev]`` is read from its ``Requires-Dist`` lines, the
+pyproject.toml under python/, so ``python[dev]`` is read from its ``Requires-Dist`` lines, the
 base set plus the ``dev`` extra and every ``sglang[...]`` extra it pulls in, with each marker
 evaluated for the interpreter sglang's CPU stage sets up (3.10, Linux, x86_64). The wheel's
 own ``Requires-Python: >=3.11`` is its build's, not a requirement of the source CI installs

@@ -2,7 +2,7 @@
 """``make upstream-test``'s ``py310`` step: a tree's registered CPU tests run as sglang's CPU CI
 stage runs them, under CPython 3.10 with ``python[dev]`` installed and no stand-in of ours.
 
-sglang's stage (``.github/workflows/_pr-test-stage-cpu.yml``) sets up Python 3.10, installs
+sglang's stage (its workflow _pr-test-stage-cpu.yml) sets up Python 3.10, installs
 ``uv pip install -e "python[dev]"`` and runs ``cd test && python3 run_suite.py --hw cpu --suite
 <suite>``. Here: the 3.10 venv ``make upstream-py310`` builds from
 ``requirements/upstream-py310.txt`` (``upstream/py310_deps.py``); the tree put on its path as an
