@@ -11,7 +11,7 @@ DEMO_REF := test/fixtures/reference/q35_dense_w8a8_dynamic.safetensors
 
 .PHONY: venv demo test test-fast accept bench bench-scaling lint e2e e2e-short e2e-moe \
 	e2e-moe-short e2e-hybrid e2e-hybrid-msmodelslim upstream-tree upstream-test upstream-series \
-	upstream-lint
+	upstream-lint upstream-py310 upstream-py310-lock
 
 venv: $(STAMP)
 
@@ -183,6 +183,33 @@ $(UPSTREAM_LINT_STAMP): requirements/upstream-lint.txt
 	$(UPSTREAM_LINT_VENV)/bin/python -m pip install -qq --no-deps -r requirements/upstream-lint.txt
 	touch $(UPSTREAM_LINT_STAMP)
 
+# sglang's CPU CI stage as closely as it can exist here (upstream/README.md, "Python 3.10, as
+# sglang's CPU CI"): CPython 3.10 from pyenv, python[dev] of the 0.5.23 wheel as uv resolves it
+# for 3.10 (requirements/upstream-py310.txt, CUDA torch from PyPI included), installed by uv
+# (the installer that stage uses; uv's cache is reused). Rebuilt only when the lock changes.
+PYTHON310 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10.*/bin/python) python3.10)
+UV_VERSION := 0.13.8
+UV_VENV := .cache/upstream-uv
+UV := $(UV_VENV)/bin/uv
+PY310_VENV := .cache/upstream-py310-venv
+PY310_STAMP := $(PY310_VENV)/.installed
+$(UV):
+	test -x $(UV_VENV)/bin/python || $(PYTHON) -m venv $(UV_VENV)
+	$(UV_VENV)/bin/python -m pip install -qq uv==$(UV_VERSION)
+$(PY310_STAMP): requirements/upstream-py310.txt | $(UV)
+	@start=$$(date +%s); set -e; \
+	echo "upstream-py310: building $(PY310_VENV) ($(PYTHON310), requirements/upstream-py310.txt)"; \
+	export UV_PYTHON_DOWNLOADS=never; \
+	test -x $(PY310_VENV)/bin/python || $(UV) venv -q --python $(PYTHON310) $(PY310_VENV); \
+	$(UV) pip sync -q --python $(PY310_VENV)/bin/python requirements/upstream-py310.txt; \
+	touch $(PY310_STAMP); \
+	echo "upstream-py310: built in $$(( $$(date +%s) - start )) s, $$(du -sh $(PY310_VENV) | cut -f1) on disk"
+upstream-py310: $(PY310_STAMP)
+
+# rewrite requirements/upstream-py310.txt from the wheel's METADATA (upstream/py310_deps.py)
+upstream-py310-lock: upstream-tree | $(UV)
+	UV_PYTHON_DOWNLOADS=never $(VPY) upstream/py310_deps.py lock --uv $(UV) --python $(PYTHON310)
+
 # isort, ruff, ruff format, codespell and the registered-test rules on what the stack touches
 upstream-lint: upstream-tree $(UPSTREAM_LINT_STAMP)
 	$(VPY) upstream/lint.py --repo $(UPSTREAM_REPO) --tools $(UPSTREAM_LINT_VENV)
@@ -190,7 +217,7 @@ upstream-lint: upstream-tree $(UPSTREAM_LINT_STAMP)
 # PR 1 alone, then the whole stack: sglang's collect_tests + run_unittest_files on the
 # registered tests (plugin off), the same tests red on the baseline, fixtures bit-identical to
 # the plugin; then UPSTREAM_E2E on the whole stack
-upstream-test: upstream-tree upstream-lint $(E2E_STAMP) $(UPSTREAM_STAMP)
+upstream-test: upstream-tree upstream-lint $(E2E_STAMP) $(UPSTREAM_STAMP) $(PY310_STAMP)
 	UPSTREAM_E2E='$(UPSTREAM_E2E)' $(VPY) upstream/run_tests.py --repo $(UPSTREAM_REPO)
 
 # after committing on the tree's branch (and moving its step/* tags): rewrite upstream/series/

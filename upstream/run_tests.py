@@ -16,6 +16,8 @@ whole stack):
    runs them (``python3 file.py -f``), with the tree first on ``PYTHONPATH``, then
    ``upstream/site`` (this machine's CPU shims), and the plugin switched off
    (``SGLANG_PLUGINS=none``). Must pass. NPU-only files are collected, not run.
+   ``pr1-py310``: the same files as sglang's CPU CI stage runs them, under CPython 3.10 with
+   ``python[dev]`` and nothing of ours (``upstream/py310_stage.py``). Must pass.
 2. ``pr1-baseline`` / ``baseline``: the same CPU files run the same way on a worktree of the
    baseline commit: must fail, and the output must show the bug (a draft parameter loaded with
    absmax 128.0: raw int8 codes) or stock sglang's own failure on a companion (KeyError).
@@ -45,6 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import py310_stage
 import tree
 
 from sglang_mtp_dequant.formats.config import CheckpointConfig
@@ -379,7 +382,7 @@ def step_e2e(repo: Path) -> list[str]:
     return [] if code == 0 else [f"the e2e run exited {code}"]
 
 
-STEPS = "pr1-registered,pr1-baseline,pr1-fixtures,registered,baseline,bf16,e2e"
+STEPS = "pr1-registered,pr1-py310,pr1-baseline,pr1-fixtures,registered,baseline,bf16,e2e"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -406,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
         steps = {
             "pr1-registered": lambda: step_registered(
                 pr1_root, pr1_files, logs / "pr1-registered.log", "PR 1 alone"
+            ),
+            "pr1-py310": lambda: py310_stage.step_py310(
+                pr1_root, logs / "pr1-py310.log", base["version"]
             ),
             "pr1-baseline": lambda: step_baseline(
                 repo, base, logs / "pr1-baseline.log", pr1, "PR 1"
