@@ -169,16 +169,30 @@ def bypassed() -> Iterator[None]:
         _BYPASS.reset(token)
 
 
-#: the function sglang's own fix (upstream/series/, PR 1) defines in the module of the
-#: ``load_weights`` it fixes (Qwen3.5's MTP, which Qwen4-Exp inherits)
-UPSTREAM_FIX_MARKER = "_load_mtp_w8a8_dequant_scales"
+#: sglang's own fix (upstream/series/, PR 1): the neutral decode a fixed draft class's
+#: ``load_weights`` calls (Qwen3.5's MTP from PR 1, which Qwen4-Exp inherits)
+UPSTREAM_HELPER = (
+    "sglang.srt.layers.quantization.modelslim.unquantized_draft",
+    "dequantize_draft_weights",
+)
 
 
 def sglang_dequantizes_drafts(load_weights: Callable[..., Any] | None = None) -> bool:
     """Whether this sglang dequantizes the draft of the (unwrapped) ``load_weights`` given
-    itself (feature-detected, not by version): its module defines the fix's function."""
+    itself, feature-detected per class rather than by version: the function's code calls,
+    by a global of its module, sglang's decode helper (that very object, already imported
+    by the module; a name alone, or the helper merely present in sglang, does not count),
+    and the module's own platform check, which gates that call, says NPU."""
+    helper_module, helper_name = UPSTREAM_HELPER
+    helper = getattr(sys.modules.get(helper_module), helper_name, None)
     module = sys.modules.get(getattr(load_weights, "__module__", None) or "")
-    return callable(getattr(module, UPSTREAM_FIX_MARKER, None))
+    code = getattr(load_weights, "__code__", None)
+    if helper is None or module is None or code is None:
+        return False
+    if not any(getattr(module, name, None) is helper for name in code.co_names):
+        return False
+    is_npu = getattr(module, "is_npu", None)
+    return callable(is_npu) and bool(is_npu())
 
 
 def make_load_weights_hook(spec: DraftSpec) -> LoadWeightsHook:
