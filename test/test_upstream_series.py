@@ -132,30 +132,26 @@ def test_plugin_steps_aside_per_class_for_pr1_alone(monkeypatch):
     helper_module.dequantize_draft_weights = dequantize_draft_weights
     monkeypatch.setitem(sys.modules, helper_module.__name__, helper_module)
 
-    def model_module(name, helper, on_npu=True):
+    def load_weights_of(name, helper, on_npu=True, calls=True):
+        """A model module binding ``helper``, and its ``load_weights`` (calling it or not)."""
         module = types.ModuleType(name)
         module.dequantize_draft_weights, module.is_npu = helper, lambda: on_npu
+        body = "dequantize_draft_weights(weights, {}, 'mtp.', 'x')" if calls else "weights"
+        exec(f"def load_weights(self, weights):\n    return {body}\n", vars(module))
         monkeypatch.setitem(sys.modules, name, module)
-        return name
+        return module.load_weights
 
-    def calls(self, weights):
-        return dequantize_draft_weights(weights, {}, "mtp.", "x")
-
-    def imports_only(self, weights):
-        return weights
-
-    cases = [
-        (calls, model_module("fixed", dequantize_draft_weights), True),
-        (imports_only, model_module("imports_only", dequantize_draft_weights), False),
-        (calls, model_module("look_alike", lambda *a: a[0]), False),
-        (calls, model_module("off_npu", dequantize_draft_weights, on_npu=False), False),
-    ]
-    for load_weights, module, want in cases:
-        load_weights.__module__ = module
-        assert plugin.sglang_dequantizes_drafts(load_weights) is want, module
+    fixed = load_weights_of("fixed", dequantize_draft_weights)
+    assert plugin.sglang_dequantizes_drafts(fixed)
+    assert not plugin.sglang_dequantizes_drafts(
+        load_weights_of("imports_only", dequantize_draft_weights, calls=False)
+    )
+    assert not plugin.sglang_dequantizes_drafts(load_weights_of("look_alike", lambda *a: a[0]))
+    assert not plugin.sglang_dequantizes_drafts(
+        load_weights_of("off_npu", dequantize_draft_weights, on_npu=False)
+    )
     monkeypatch.delitem(sys.modules, helper_module.__name__)
-    calls.__module__ = "fixed"
-    assert not plugin.sglang_dequantizes_drafts(calls)  # stock sglang: no helper module
+    assert not plugin.sglang_dequantizes_drafts(fixed)  # stock sglang: no helper module
     assert not plugin.sglang_dequantizes_drafts(None)
 
 
