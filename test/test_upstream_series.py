@@ -71,7 +71,8 @@ def test_pr1_alone_is_the_qwen3_5_mtp_change_within_its_budget(branch_tree):
     helper = tree.git(repo, "show", f"{tree.step_ref('series')}:{PR1_HELPER}")
     assert "def dequantize_draft_weights(" in helper and "import sglang" not in helper
     branch = model.split("def load_weights(")[1]
-    assert "if self.quant_config is None and is_npu():" in branch
+    # gated on the draft built unquantized (and on NPU: the registered test's off-NPU case)
+    assert "if self.quant_config is None and " in branch and "dequantize_draft_weights(" in branch
     assert "self.fc" not in branch  # Qwen4-Exp has no fc
     assert len((ROOT / "upstream" / "PR.md").read_text().splitlines()) <= 80
 
@@ -123,8 +124,10 @@ def test_plugin_steps_aside_per_class_for_pr1_alone(monkeypatch):
     (that very object, by a global of its module) where that module's NPU check is true; not
     for a module that merely imports it, one with a look-alike of the same name, nor off NPU."""
     from sglang_mtp_dequant.serving import plugin
+    from sglang_mtp_dequant.serving.sglang_private import set_draft_module_is_npu
+    from sglang_mtp_dequant.serving.upstream_fix import UPSTREAM_HELPER
 
-    helper_module = types.ModuleType(plugin.UPSTREAM_HELPER[0])
+    helper_module = types.ModuleType(UPSTREAM_HELPER[0])
 
     def dequantize_draft_weights(weights, description, prefix, folder):
         return weights
@@ -135,7 +138,8 @@ def test_plugin_steps_aside_per_class_for_pr1_alone(monkeypatch):
     def load_weights_of(name, helper, on_npu=True, calls=True):
         """A model module binding ``helper``, and its ``load_weights`` (calling it or not)."""
         module = types.ModuleType(name)
-        module.dequantize_draft_weights, module.is_npu = helper, lambda: on_npu
+        module.dequantize_draft_weights = helper
+        set_draft_module_is_npu(module, lambda: on_npu)
         body = "dequantize_draft_weights(weights, {}, 'mtp.', 'x')" if calls else "weights"
         exec(f"def load_weights(self, weights):\n    return {body}\n", vars(module))
         monkeypatch.setitem(sys.modules, name, module)
@@ -274,8 +278,9 @@ _ASK_PLUGIN = """
 import json, pkgutil, sys
 from sglang_mtp_dequant.serving.plugin import sglang_dequantizes_drafts
 from sglang_mtp_dequant.serving.sglang_private import unwrapped
+from sglang_mtp_dequant.serving.sglang_private import set_draft_module_is_npu
 from sglang.srt.models import qwen3_5_mtp
-qwen3_5_mtp.is_npu = lambda: True  # PR 1 decodes on NPU only: the CPU stands in for one
+set_draft_module_is_npu(qwen3_5_mtp, lambda: True)  # PR 1 decodes on NPU only
 answers = {}
 for path in sys.argv[1:]:
     cls = pkgutil.resolve_name("sglang.srt.models." + path)

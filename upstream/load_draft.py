@@ -98,13 +98,15 @@ def start_sglang_process(folder: str) -> dict:
 
 
 def stand_in_npu_check() -> None:
-    """PR 1 decodes only where ``qwen3_5_mtp``'s ``is_npu()`` (sglang's platform check,
-    which also builds the draft unquantized) is true: answer True there, on every side, so
+    """PR 1 decodes only where ``qwen3_5_mtp``'s NPU check (sglang's platform check, which
+    also builds the draft unquantized) is true: answer True there, on every side, so
     the CPU runs what an NPU runs. Only that module's check; no NPU kernel is involved."""
     from sglang.srt.models import qwen3_5_mtp
 
-    qwen3_5_mtp.is_npu = lambda: True
-    print("load_draft.py: CPU stand-in: sglang.srt.models.qwen3_5_mtp.is_npu() -> True")
+    from sglang_mtp_dequant.serving.sglang_private import set_draft_module_is_npu
+
+    set_draft_module_is_npu(qwen3_5_mtp, lambda: True)
+    print("load_draft.py: CPU stand-in: qwen3_5_mtp's NPU platform check answers True")
 
 
 def main() -> int:

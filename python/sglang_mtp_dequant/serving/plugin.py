@@ -169,30 +169,16 @@ def bypassed() -> Iterator[None]:
         _BYPASS.reset(token)
 
 
-#: sglang's own fix (upstream/series/, PR 1): the neutral decode a fixed draft class's
-#: ``load_weights`` calls (Qwen3.5's MTP from PR 1, which Qwen4-Exp inherits)
-UPSTREAM_HELPER = (
-    "sglang.srt.layers.quantization.modelslim.unquantized_draft",
-    "dequantize_draft_weights",
-)
-
-
 def sglang_dequantizes_drafts(load_weights: Callable[..., Any] | None = None) -> bool:
     """Whether this sglang dequantizes the draft of the (unwrapped) ``load_weights`` given
-    itself, feature-detected per class rather than by version: the function's code calls,
-    by a global of its module, sglang's decode helper (that very object, already imported
-    by the module; a name alone, or the helper merely present in sglang, does not count),
-    and the module's own platform check, which gates that call, says NPU."""
-    helper_module, helper_name = UPSTREAM_HELPER
-    helper = getattr(sys.modules.get(helper_module), helper_name, None)
+    itself, feature-detected per class by what the code does (``upstream_fix``): it calls
+    sglang's decode helper, and its module's NPU check, which gates that call, is true."""
+    from .upstream_fix import calls_sglang_decode
+
     module = sys.modules.get(getattr(load_weights, "__module__", None) or "")
-    code = getattr(load_weights, "__code__", None)
-    if helper is None or module is None or code is None:
+    if load_weights is None or module is None:
         return False
-    if not any(getattr(module, name, None) is helper for name in code.co_names):
-        return False
-    is_npu = getattr(module, "is_npu", None)
-    return callable(is_npu) and bool(is_npu())
+    return calls_sglang_decode(load_weights, module)
 
 
 def make_load_weights_hook(spec: DraftSpec) -> LoadWeightsHook:
