@@ -28,7 +28,8 @@ The CPU-only shims are the project's own (``sglang_mtp_dequant.tools.cpu_env``, 
 branch's registered test): torchvision's CUDA wheel beside CPU torch gets its two missing
 operator schemas, and the CUDA rotary kernel import gets a placeholder while the draft is
 built. Importing them loads nothing of the plugin: sglang's own plugin loader decides that,
-by ``SGLANG_PLUGINS``.
+by ``SGLANG_PLUGINS``. ``qwen3_5_mtp``'s NPU platform check answers True on every side
+(``stand_in_npu_check``): PR 1 decodes on NPU only.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def start_sglang_process(folder: str) -> dict:
 
     publish_context(folder, draft_path=folder)
     init_world_size_one()
+    stand_in_npu_check()
     load_plugins()
     from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
 
@@ -93,6 +95,18 @@ def start_sglang_process(folder: str) -> dict:
         "plugin_hooked": unwrapped(hooked) is not hooked,
         "SGLANG_PLUGINS": os.environ.get("SGLANG_PLUGINS"),
     }
+
+
+def stand_in_npu_check() -> None:
+    """PR 1 decodes only where ``qwen3_5_mtp``'s NPU check (sglang's platform check, which
+    also builds the draft unquantized) is true: answer True there, on every side, so
+    the CPU runs what an NPU runs. Only that module's check; no NPU kernel is involved."""
+    from sglang.srt.models import qwen3_5_mtp
+
+    from sglang_mtp_dequant.serving.sglang_private import set_draft_module_is_npu
+
+    set_draft_module_is_npu(qwen3_5_mtp, lambda: True)
+    print("load_draft.py: CPU stand-in: qwen3_5_mtp's NPU platform check answers True")
 
 
 def main() -> int:
@@ -139,7 +153,7 @@ def main() -> int:
 
 def _has_branch_module() -> bool:
     """Whether this sglang has PR 1's fix (``upstream/series/``), asked the way the plugin
-    asks it: the module of Qwen3.5's own ``load_weights`` defines the fix's function."""
+    asks it: Qwen3.5's own ``load_weights`` calls sglang's decode helper, on NPU."""
     from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
 
     from sglang_mtp_dequant.serving.plugin import sglang_dequantizes_drafts

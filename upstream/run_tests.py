@@ -14,8 +14,9 @@ whole stack):
    the test files the step adds under ``test/registered/``, then ``run_unittest_files`` on
    their CPU-suite registrations (``base-a-test-cpu``), from the tree's root as sglang's CI
    runs them (``python3 file.py -f``), with the tree first on ``PYTHONPATH``, then
-   ``upstream/site`` (this machine's CPU shims), and the plugin switched off
-   (``SGLANG_PLUGINS=none``). Must pass. NPU-only files are collected, not run.
+   ``upstream/site`` (this machine's torchvision shim only: ``UPSTREAM_SITE_NO_ROTARY=1``
+   leaves out the rotary stand-in, which the registered tests must not need), and the plugin
+   switched off (``SGLANG_PLUGINS=none``). Must pass. NPU-only files are collected, not run.
    ``pr1-py310``: the same files as sglang's CPU CI stage runs them, under CPython 3.10 with
    ``python[dev]`` and nothing of ours (``upstream/py310_stage.py``). Must pass.
 2. ``pr1-baseline`` / ``baseline``: the same CPU files run the same way on a worktree of the
@@ -24,8 +25,8 @@ whole stack):
 3. ``pr1-fixtures``: every msmodelslim checkpoint in test/fixtures/modelslim/ with a Qwen3.5 MTP
    draft, loaded by stock sglang with the plugin and by PR 1's tree with the plugin off, in two
    processes (``upstream/load_draft.py``); every draft parameter compared bit for bit where PR 1
-   decodes the draft (W8A8_DYNAMIC, FLOAT); any other integer scheme must be refused with a
-   ``ValueError`` naming the tensor; float8 drafts (not PR 1's) are listed, not compared.
+   decodes the draft (W8A8_DYNAMIC, FLOAT); any other scheme, float8 ones included, must be
+   refused with a ``ValueError`` naming the tensor.
 4. ``bf16``: no regression. BF16 checkpoints of every MTP/NextN draft class the tests build on
    the CPU (``upstream/bf16_drafts.py``) loaded by stock sglang and by the tree at each step,
    each with the plugin off and on: every parameter bit-identical to stock sglang without the
@@ -59,9 +60,8 @@ CPU_SUITE = "base-a-test-cpu"
 SITE = ROOT / "upstream" / "site"
 #: the targets whose draft PR 1 alone fixes (Qwen3.5 MTP; Qwen4-Exp inherits it)
 PR1_ARCHITECTURES = {"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"}
-#: what PR 1 decodes; float8 schemes it leaves to stock sglang (no shipped Qwen3.5 export known)
+#: what PR 1 decodes; it refuses every other scheme, float8 ones included
 PR1_TYPES = {"FLOAT", "W8A8_DYNAMIC"}
-FLOAT8_TYPES = {"WFP8AFP8_DYNAMIC", "W8A8_MXFP8"}
 #: target architecture -> the rule naming its draft's checkpoint tensors (the package's own)
 DRAFT_NAMES = {
     "Qwen3_5ForConditionalGeneration": mtp_prefix,
@@ -114,7 +114,8 @@ def run_harness(root: Path, files: list[str], log: Path) -> tuple[int, str]:
         proc = subprocess.run(
             [sys.executable, "-c", HARNESS, json.dumps(files), str(root / "python")],
             cwd=root,
-            env=sglang_env(root / "python"),
+            # no rotary stand-in for the registered tests: sglang's CPU runner has none
+            env={**sglang_env(root / "python"), "UPSTREAM_SITE_NO_ROTARY": "1"},
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -165,8 +166,8 @@ def fixture_folders(
     architectures: set[str] | None = None,
 ) -> tuple[list[Path], list[Path], dict[str, str]]:
     """(covered, refused, skipped-with-reason) fixtures (of ``architectures`` only, if given):
-    covered where PR 1 decodes every draft tensor, refused where an integer scheme it does not
-    decode is present, skipped otherwise (other classes, float8 drafts)."""
+    covered where PR 1 decodes every draft tensor, refused where a scheme it does not decode
+    is present, skipped otherwise (other classes)."""
     covered, refused, skipped = [], [], {}
     for folder in sorted(p for p in FIXTURES.iterdir() if (p / "config.json").is_file()):
         config = CheckpointConfig.read(str(folder))
@@ -182,9 +183,6 @@ def fixture_folders(
         types = {v for k, v in desc.items() if is_draft(k) and isinstance(v, str)}
         if not types:  # never "covered" by an empty set
             skipped[folder.name] = f"{config.architecture}: no draft tensor in the description"
-            continue
-        if types & FLOAT8_TYPES:
-            skipped[folder.name] = f"{sorted(types)}: float8, left to stock sglang by PR 1"
             continue
         (covered if types <= PR1_TYPES else refused).append(folder)
     return covered, refused, skipped

@@ -169,16 +169,16 @@ def bypassed() -> Iterator[None]:
         _BYPASS.reset(token)
 
 
-#: the function sglang's own fix (upstream/series/, PR 1) defines in the module of the
-#: ``load_weights`` it fixes (Qwen3.5's MTP, which Qwen4-Exp inherits)
-UPSTREAM_FIX_MARKER = "_load_mtp_w8a8_dequant_scales"
-
-
 def sglang_dequantizes_drafts(load_weights: Callable[..., Any] | None = None) -> bool:
     """Whether this sglang dequantizes the draft of the (unwrapped) ``load_weights`` given
-    itself (feature-detected, not by version): its module defines the fix's function."""
+    itself, feature-detected per class by what the code does (``upstream_fix``): it calls
+    sglang's decode helper, and its module's NPU check, which gates that call, is true."""
+    from .upstream_fix import calls_sglang_decode
+
     module = sys.modules.get(getattr(load_weights, "__module__", None) or "")
-    return callable(getattr(module, UPSTREAM_FIX_MARKER, None))
+    if load_weights is None or module is None:
+        return False
+    return calls_sglang_decode(load_weights, module)
 
 
 def make_load_weights_hook(spec: DraftSpec) -> LoadWeightsHook:

@@ -282,7 +282,8 @@ LEDGER: tuple[Private, ...] = (
         "box, must get the answer the Ascend server gets",
         how="the module global is_npu answers True while the doctor builds the draft on the "
         "meta device (tools/cpu_env.npu_quantization_rule); it is read there only by that "
-        "clause (and in forward, never run)",
+        "clause (and in forward, never run). Read by serving/upstream_fix.py too: sglang's "
+        "own fix (upstream/, PR 1) decodes in qwen3_5_mtp's load_weights only where it is true",
         remove_when="sglang exposes the draft's quantization decision as a function",
         spelled=("is_npu",),
         accessors=("NPU_RULE_MODULES", "draft_module_is_npu", "set_draft_module_is_npu"),
