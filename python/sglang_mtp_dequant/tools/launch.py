@@ -100,16 +100,17 @@ class Launch:
     def platform(self) -> Iterator[None]:
         """sglang's platform answers for ``--device`` while the draft class is built.
 
-        On NPU the draft classes' ``is_npu`` rule; on CUDA ``torch.cuda.get_device_capability()``
+        On NPU the draft classes' ``is_npu`` rule, and the NPU kernels a quantized layer looks
+        up while it is built (placeholders that raise if called: ``cpu_env``); on CUDA ``torch.cuda.get_device_capability()``
         answered as an sm90 GPU (which compressed-tensors' scheme choice asks). sglang's own
         resolution (``ServerArgs`` and the draft's ``ModelConfig``) decides the draft's
         quantization: ``--quantization`` copied to the draft, ``unquant``, the checkpoint's
         ``quantization_config``.
         """
-        from .cpu_env import cuda_capability_answered, npu_quantization_rule
+        from .cpu_env import cuda_capability_answered, npu_kernels_looked_up, npu_quantization_rule
 
         if self.device == "npu":
-            with npu_quantization_rule():
+            with npu_quantization_rule(), npu_kernels_looked_up():
                 yield
         elif self.device == "cuda":
             with cuda_capability_answered(CUDA_CAPABILITY, note=CUDA_BUILD_NOTE):
