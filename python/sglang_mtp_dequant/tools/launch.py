@@ -196,6 +196,29 @@ def parse_launch(path: str | None, argv: Sequence[str]) -> Launch:
     return Launch(namespace, flags)
 
 
+def without_flags(flags: Sequence[str], names: Sequence[str]) -> list[str]:
+    """``flags`` less each of ``names`` with its value (``--name value`` or ``--name=value``)."""
+    out: list[str] = []
+    skip = False
+    for word in flags:
+        if skip:
+            skip = False
+        elif word in names:
+            skip = True
+        elif not any(word.startswith(f"{name}=") for name in names):
+            out.append(word)
+    return out
+
+
+def with_quantization(launch: Launch | None, path: str, quantization_flags: Sequence[str]) -> Launch:
+    """The same launch (``launch``, or none for checkpoint ``path``) with its two quantization
+    flags replaced by ``quantization_flags`` (a launch form: ``doctor/forms.py``)."""
+    names = ("--quantization", "--speculative-draft-model-quantization")
+    words = without_flags(launch.flags if launch is not None else [], names)
+    given_path = any(w == "--model-path" or w.startswith("--model-path=") for w in words)
+    return parse_launch(None if given_path else path, [*words, *quantization_flags])
+
+
 def checkpoint_in(words: Sequence[str]) -> str | None:
     """The draft's checkpoint named in a launch command (``--speculative-draft-model-path``,
     else ``--model-path``), read without sglang: the CLI checks it before importing anything."""
