@@ -89,7 +89,12 @@ def diagnose(
     if forms and dry_run:
         from .form_table import answer_every_form
 
-        answer_every_form(report, path, download_dir, revision, launch)
+        def for_launch(form_launch: Launch) -> Diagnosis:
+            return diagnose(
+                path, download_dir=download_dir, revision=revision, launch=form_launch, forms=False
+            )
+
+        answer_every_form(report, for_launch, path, launch)
     return report
 
 

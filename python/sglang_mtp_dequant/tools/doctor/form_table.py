@@ -3,7 +3,7 @@
 Usage (``diagnose`` calls both)::
 
     built = build_as_plugin(report, source, launch, exc)   # stock could not build: the plugin's build
-    answer_every_form(report, path, None, None, launch)     # report.forms, report.recommended
+    answer_every_form(report, doctor_for_launch, path, launch)  # report.forms, .recommended
 
 Why: the form a user types decides how sglang builds the draft (``forms.py``); the doctor asks
 sglang for each of them, on the same checkpoint, with the same flags otherwise, and counts the
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ...formats.checkpoint import DESCRIPTION_NAME
@@ -81,23 +82,18 @@ def _description(folder: str) -> dict[str, object]:
 
 def answer_every_form(
     report: Diagnosis,
+    diagnose_launch: Callable[[Launch], Diagnosis],
     path: str,
-    download_dir: str | None,
-    revision: str | None,
     launch: Launch | None,
 ) -> None:
-    """``report.forms``: the doctor's answer for each form, the user's other flags kept; and
-    ``report.recommended``."""
+    """``report.forms``: the doctor's answer (``diagnose_launch``, the doctor for one launch of
+    the same checkpoint) for each form, the user's other flags kept; ``report.recommended``."""
     from ..launch import with_quantization
-    from .analysis import diagnose
 
     if report.error_kind is not None or not report.folder:
         return
     for form in FORMS:
-        form_launch = with_quantization(launch, path, form.flags)
-        answer = diagnose(
-            path, download_dir=download_dir, revision=revision, launch=form_launch, forms=False
-        )
+        answer = diagnose_launch(with_quantization(launch, path, form.flags))
         report.forms.append(_answer(form, answer))
     report.recommended = recommend(report.forms)
 
