@@ -140,26 +140,35 @@ def rank_worker(folder: str, tp: int, ep: int, rank: int, port: int, out: str) -
 def _form_bytes(folder: str, flags: list[str], tp: int, ep: int, rank: int) -> dict[str, Any]:
     """The draft for one form on this rank: its bytes, by dtype, and how it was built."""
     from sglang_mtp_dequant.serving import sglang_private
-    from sglang_mtp_dequant.tools.cpu_sglang import build_draft, draft_model_config, publish_context
-    from sglang_mtp_dequant.tools.doctor.form_table import _description
-    from sglang_mtp_dequant.tools.doctor.forms import (
-        built_as_plugin_builds,
-        plugin_outcome_for_quantized_draft,
-    )
-    from sglang_mtp_dequant.tools.draft_memory import bytes_by_dtype, draft_parameter_bytes
+    from sglang_mtp_dequant.tools.cpu_sglang import publish_context
     from sglang_mtp_dequant.tools.launch import parse_launch
 
     launch = parse_launch(folder, [*flags, "--tp-size", str(tp), "--ep-size", str(ep)])
     publish_context(folder, tp_size=tp, ep_size=ep, **launch.server_args())
     args = sglang_private.published_server_args()
     sglang_private.publish_server_args(args, role="scheduler", world_rank=rank)
+    try:
+        return _built_bytes(folder, launch)
+    finally:  # leave the published ranks as rank 0's, which every world has
+        sglang_private.publish_server_args(args, role="scheduler", world_rank=0)
+
+
+def _built_bytes(folder: str, launch: Any) -> dict[str, Any]:
+    from sglang_mtp_dequant.tools.cpu_sglang import build_draft, draft_model_config
+    from sglang_mtp_dequant.tools.doctor.form_table import read_description
+    from sglang_mtp_dequant.tools.doctor.forms import (
+        built_as_plugin_builds,
+        plugin_outcome_for_quantized_draft,
+    )
+    from sglang_mtp_dequant.tools.draft_memory import bytes_by_dtype, draft_parameter_bytes
+
     config = draft_model_config(folder)
     how = "sglang's build"
     with launch.platform():
         try:
             model = build_draft(config, "meta")
         except Exception as exc:  # noqa: BLE001 - stock cannot build it: the plugin's build
-            outcome = plugin_outcome_for_quantized_draft(_description(folder), "draft")
+            outcome = plugin_outcome_for_quantized_draft(read_description(folder), "draft")
             if not outcome.float_layers or not outcome.serves:
                 return {"error": f"{type(exc).__name__}: {exc}"}
             model = build_draft(config, "meta", built_as_plugin_builds(outcome))

@@ -49,7 +49,7 @@ def build_as_plugin(
     namespace = launch.namespace if launch is not None else None
     quantization = getattr(namespace, "quantization", None)
     given = getattr(namespace, "speculative_draft_model_quantization", None)
-    description = _description(source.folder)
+    description = read_description(source.folder)
     if not description or draft_quantization(sglang_version(), quantization, given) is None:
         return None
     outcome = plugin_outcome_for_quantized_draft(description, report.draft_class or "the draft")
@@ -70,7 +70,7 @@ def build_as_plugin(
     return build_meta_draft(source.folder, launch, built_as_plugin_builds(outcome))
 
 
-def _description(folder: str) -> dict[str, object]:
+def read_description(folder: str) -> dict[str, object]:
     path = os.path.join(folder, DESCRIPTION_NAME)
     try:
         with open(path, encoding="utf-8") as handle:
