@@ -172,7 +172,8 @@ def _built_bytes(folder: str, launch: Any) -> dict[str, Any]:
             if not outcome.float_layers or not outcome.serves:
                 return {"error": f"{type(exc).__name__}: {exc}"}
             model = build_draft(config, "meta", built_as_plugin_builds(outcome))
-            how = f"the plugin's build ({', '.join(outcome.float_layers)} unquantized); stock: {type(exc).__name__}: {exc}"
+            layers = ", ".join(outcome.float_layers)
+            how = f"the plugin's build ({layers} unquantized); stock: {type(exc).__name__}: {exc}"
     quant = getattr(model, "quant_config", None)
     return {
         "class": type(model).__name__,
@@ -245,8 +246,11 @@ def measure(model: Model, root: str, world: str) -> dict[str, list[dict[str, Any
     real gloo world; ``in-process``, ``as_rank``): form -> per-rank results."""
     folder = os.path.join(root, model.key)
     write_model(model.key, folder)
-    per_rank = in_process(folder, model.tp, model.ep) if world == "in-process" else (
-        in_processes(folder, model, root))
+    per_rank = (
+        in_process(folder, model.tp, model.ep)
+        if world == "in-process"
+        else (in_processes(folder, model, root))
+    )
     return {form: [rank[form] for rank in per_rank] for form in FORM_FLAGS}
 
 
@@ -284,16 +288,28 @@ def form_line(model: Model, form: str, ranks: list[dict[str, Any]]) -> str:
     if "error" in ranks[0]:
         return f"{model.key} {form}: not built: {ranks[0]['error']}"
     sizes = sorted({r["bytes"] for r in ranks})
-    each = f"{sizes[0]:,} B ({size_text(sizes[0])})" if len(sizes) == 1 else (
-        f"{sizes[0]:,}-{sizes[-1]:,} B")
+    each = (
+        f"{sizes[0]:,} B ({size_text(sizes[0])})"
+        if len(sizes) == 1
+        else (f"{sizes[0]:,}-{sizes[-1]:,} B")
+    )
     built = f"quantized ({ranks[0]['quantized']})" if ranks[0]["quantized"] else "unquantized"
     plugin = " [the plugin's build]" if ranks[0]["how"] != "sglang's build" else ""
     dtypes = ", ".join(f"{k} {v:,}" for k, v in sorted(ranks[0]["by_dtype"].items()))
     return (
         f"{model.key} TP{model.tp}/EP{model.ep} {form}: {ranks[0]['class']} {built}{plugin}; "
-        f"per rank {each} on every one of {len(ranks)} ranks" if len(sizes) == 1 else
-        f"{model.key} TP{model.tp}/EP{model.ep} {form}: per rank {each}"
+        f"per rank {each} on every one of {len(ranks)} ranks"
+        if len(sizes) == 1
+        else f"{model.key} TP{model.tp}/EP{model.ep} {form}: per rank {each}"
     ) + f" [{dtypes}]"
+
+
+def _in_child(model: Model, root: str, world: str) -> dict[str, list[dict[str, Any]]]:
+    out = os.path.join(root, f"{model.key}.json")
+    command = [sys.executable, __file__, "--models", model.key, "--world", world, "--json", out]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(out) as handle:
+        return json.load(handle)[model.key]
 
 
 def main() -> None:
@@ -301,7 +317,9 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=[m.key for m in MODELS])
     parser.add_argument("--json", help="write every rank's figures here")
     parser.add_argument(
-        "--world", choices=("in-process", "processes"), default="in-process",
+        "--world",
+        choices=("in-process", "processes"),
+        default="in-process",
         help="every rank in this process (as_rank), or one process per rank of a gloo world",
     )
     parser.add_argument("--rank-worker", nargs=6, help=argparse.SUPPRESS)
@@ -314,10 +332,14 @@ def main() -> None:
 
     print(describe(), flush=True)
     results = {}
+    chosen = [m for m in MODELS if m.key in args.models]
     with tempfile.TemporaryDirectory(prefix="draft-memory-") as root:
-        for model in [m for m in MODELS if m.key in args.models]:
+        for model in chosen:
             started = time.perf_counter()
-            results[model.key] = measure(model, root, args.world)
+            if len(chosen) == 1:
+                results[model.key] = measure(model, root, args.world)
+            else:  # each model in a fresh process: sglang's published context is per process
+                results[model.key] = _in_child(model, root, args.world)
             for form, ranks in results[model.key].items():
                 print(form_line(model, form, ranks), flush=True)
             took = time.perf_counter() - started

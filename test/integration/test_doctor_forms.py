@@ -115,14 +115,18 @@ def test_experts_part_float_part_quantized_stop_naming_the_layer_and_the_form_th
 ):
     folder = str(tmp_path / "moe_part_float")
     shutil.copytree(MOE, folder)
-    edit_description(folder, lambda d: d.update({f"{EXPERTS}.0.gate_proj.weight": "FLOAT",
-                                                 f"{EXPERTS}.0.up_proj.weight": "FLOAT",
-                                                 f"{EXPERTS}.0.down_proj.weight": "FLOAT"}))  # fmt: skip
+    expert0 = {
+        f"{EXPERTS}.0.{proj}.weight": "FLOAT" for proj in ("gate_proj", "up_proj", "down_proj")
+    }
+    edit_description(folder, lambda d: d.update(expert0))
     report = doctor(folder, "F2")
     assert report.verdict == "error" and report.startup_error
     (problem,) = report.problems
     assert problem.startswith(f"the plugin stops the start-up at {EXPERTS} (")
-    assert "F1 (no quantization flag) or F3 (--speculative-draft-model-quantization unquant)" in problem
+    assert (
+        "F1 (no quantization flag) or F3 (--speculative-draft-model-quantization unquant)"
+        in problem
+    )
 
 
 def test_the_contract_function_from_the_description_alone(float_experts):
@@ -136,7 +140,8 @@ def test_the_contract_function_from_the_description_alone(float_experts):
     description["mtp.layers.0.self_attn.k_proj.weight"] = "FLOAT"  # a fused qkv part float
     outcome = plugin_outcome_for_quantized_draft(description, "Qwen3_5ForCausalLMMTP")
     assert [layer for layer, _ in outcome.refused] == [
-        EXPERTS, "mtp.layers.0.self_attn.qkv_proj"
+        EXPERTS,
+        "mtp.layers.0.self_attn.qkv_proj",
     ] and not outcome.serves
 
 
@@ -183,9 +188,9 @@ def test_the_rule_agrees_with_the_installed_sglangs_resolution_and_its_cited_lin
         flags = dict(zip(form.flags[::2], form.flags[1::2], strict=True))
         q, d = flags.get("--quantization"), flags.get("--speculative-draft-model-quantization")
         prepare_cpu_process(MOE, quantization=q, speculative_draft_model_quantization=d)
-        assert draft_model_config(MOE).quantization == draft_quantization(
-            sglang_version(), q, d
-        ), form
+        assert draft_model_config(MOE).quantization == draft_quantization(sglang_version(), q, d), (
+            form
+        )
     import sglang  # imported (torchvision repaired) by prepare_cpu_process above
 
     rule = rule_for(sglang_version())

@@ -42,7 +42,9 @@ def float_experts_copy(dest: str) -> str:
     tensors = load_file(shard)
     for name in [n for n in tensors if MTP_EXPERT.match(n)]:
         del tensors[name]
-    tensors.update({n: t for n, t in floats.items() if MTP_EXPERT.match(n) and n.endswith(".weight")})
+    tensors.update(
+        {n: t for n, t in floats.items() if MTP_EXPERT.match(n) and n.endswith(".weight")}
+    )
     save_file(tensors, shard, metadata=METADATA)
     _describe_float(dest, set(tensors))
     size = sum(t.numel() * t.element_size() for t in tensors.values())

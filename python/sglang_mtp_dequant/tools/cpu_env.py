@@ -13,7 +13,8 @@ torchvision beside CPU torch), ``placeholder_vllm_rotary`` (a GPU kernel importe
 ``RotaryEmbedding``), ``cuda_capability_answered`` (DSA server-args asking the CUDA
 capability), ``generic_rope_on_cpu`` (ropes sglang's CPU branch cannot build),
 ``npu_quantization_rule`` (the draft classes' NPU-only quantization clauses) and
-``npu_kernels_looked_up`` (NPU kernels a quantized layer looks up while it is built). Why each is safe
+``npu_kernels_looked_up`` (NPU kernels a quantized layer looks up while it is built). Why
+each is safe
 is on its function. Each stand-in records a note the first time it is needed
 (``stand_ins_used``): what was answered for sglang, and why it cannot change what is found.
 
@@ -285,9 +286,9 @@ def npu_kernels_looked_up() -> Iterator[None]:
     loaded), never while the class builds its parameters on the meta device, so a placeholder
     that raises if called changes nothing the doctor or the memory count reads. Where torch_npu
     is installed its kernels are returned as they are."""
-    real = torch.ops.npu
-    torch.ops.npu = _NpuKernels(real)  # type: ignore[assignment]
+    real = getattr(torch.ops, "npu")  # noqa: B009 - an op namespace mypy does not know
+    setattr(torch.ops, "npu", _NpuKernels(real))  # noqa: B010
     try:
         yield
     finally:
-        torch.ops.npu = real  # type: ignore[assignment]
+        setattr(torch.ops, "npu", real)  # noqa: B010

@@ -4,7 +4,7 @@ Usage::
 
     built = build_meta_draft(folder, launch)          # tools/dryrun.py: sglang's class on meta
     draft_parameter_bytes(built.model)                 # 851,443,712
-    bytes_by_dtype(built.model)                        # {"bfloat16": ..., "int8": ..., "float32": ...}
+    bytes_by_dtype(built.model)                        # {"bfloat16": ..., "int8": ...}
     size_text(851_443_712)                             # "812.0 MiB"
 
 Why on the meta device: sglang's own class, built for the launch (its quantization config,

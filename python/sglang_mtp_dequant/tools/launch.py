@@ -101,7 +101,8 @@ class Launch:
         """sglang's platform answers for ``--device`` while the draft class is built.
 
         On NPU the draft classes' ``is_npu`` rule, and the NPU kernels a quantized layer looks
-        up while it is built (placeholders that raise if called: ``cpu_env``); on CUDA ``torch.cuda.get_device_capability()``
+        up while it is built (placeholders that raise if called: ``cpu_env``); on CUDA
+        ``torch.cuda.get_device_capability()``
         answered as an sm90 GPU (which compressed-tensors' scheme choice asks). sglang's own
         resolution (``ServerArgs`` and the draft's ``ModelConfig``) decides the draft's
         quantization: ``--quantization`` copied to the draft, ``unquant``, the checkpoint's
@@ -210,7 +211,9 @@ def without_flags(flags: Sequence[str], names: Sequence[str]) -> list[str]:
     return out
 
 
-def with_quantization(launch: Launch | None, path: str, quantization_flags: Sequence[str]) -> Launch:
+def with_quantization(
+    launch: Launch | None, path: str, quantization_flags: Sequence[str]
+) -> Launch:
     """The same launch (``launch``, or none for checkpoint ``path``) with its two quantization
     flags replaced by ``quantization_flags`` (a launch form: ``doctor/forms.py``)."""
     names = ("--quantization", "--speculative-draft-model-quantization")

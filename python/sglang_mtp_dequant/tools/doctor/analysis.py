@@ -47,7 +47,7 @@ def diagnose(
     revision: str | None = None,
     dry_run: bool = True,
     launch: Launch | None = None,
-    forms: bool = True,
+    forms: bool = False,
 ) -> Diagnosis:
     """Everything the doctor reports about ``path``; never raises on a bad checkpoint.
 
@@ -56,7 +56,8 @@ def diagnose(
     ``--revision``). ``dry_run=False`` skips building the draft class: no parameter coverage
     and no answer from the class's own quantization rule (the verdict is then ``unchecked``).
     ``launch``: the user's sglang launch flags (``tools/launch.py``); None: as on NPU with the
-    draft quantization unset. ``forms``: also answer every launch form (``forms.FORMS``) for
+    draft quantization unset. ``forms`` (the CLI's default): also answer every launch form
+    (``forms.FORMS``) for
     the same checkpoint, with the draft's memory, and recommend the cheapest that serves right.
     """
     from ..cpu_env import forget_stand_ins
@@ -270,6 +271,7 @@ def _build(report: Diagnosis, source: WeightSource, launch: Launch | None) -> Bu
     from .form_table import build_as_plugin
 
     report.form = _form_text(launch)
+    built: Built | None
     try:
         built = build_meta_draft(source.folder, launch)
     except Exception as exc:  # noqa: BLE001 - no build, said so; the rest still stands

@@ -2,7 +2,7 @@
 
 Usage (``diagnose`` calls both)::
 
-    built = build_as_plugin(report, source, launch, exc)   # stock could not build: the plugin's build
+    built = build_as_plugin(report, source, launch, exc)  # stock could not: the plugin's
     answer_every_form(report, doctor_for_launch, path, launch)  # report.forms, .recommended
 
 Why: the form a user types decides how sglang builds the draft (``forms.py``); the doctor asks
@@ -90,8 +90,9 @@ def answer_every_form(
     the same checkpoint) for each form, the user's other flags kept; ``report.recommended``."""
     from ..launch import with_quantization
 
-    if report.error_kind is not None or not report.folder:
-        return
+    device = launch.device if launch is not None else "npu"
+    if report.error_kind is not None or report.description_file is None or device != "npu":
+        return  # the forms are the launches of a ModelSlim export on NPU
     for form in FORMS:
         answer = diagnose_launch(with_quantization(launch, path, form.flags))
         report.forms.append(_answer(form, answer))
@@ -128,8 +129,13 @@ def recommend(answers: list[FormAnswer]) -> str:
         return "none: no form serves this checkpoint right (see the forms above)"
     least = min(a.draft_bytes or 0 for a in serving)
     most = max(a.draft_bytes or 0 for a in serving)
-    best = " or ".join(f"{a.key} ({a.flags or 'no quantization flag'})" for a in serving if a.draft_bytes == least)
-    said = f"{best}: the least draft memory that serves right, {size_text(least)} ({least:,} B) per rank"
+    best = " or ".join(
+        f"{a.key} ({a.flags or 'no quantization flag'})" for a in serving if a.draft_bytes == least
+    )
+    said = (
+        f"{best}: the least draft memory that serves right, {size_text(least)} "
+        f"({least:,} B) per rank"
+    )
     if most == least:
         return f"{said}; every form that serves takes the same"
     heavy = "/".join(a.key for a in serving if a.draft_bytes == most)

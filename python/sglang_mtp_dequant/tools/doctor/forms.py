@@ -2,7 +2,7 @@
 
 Usage::
 
-    form = form_of(launch.namespace.quantization, launch.namespace.speculative_draft_model_quantization)
+    form = form_of(args.quantization, args.speculative_draft_model_quantization)
     form.key, form.label                                   # "F2", "--quantization modelslim"
     draft_quantization("0.5.23", "modelslim", None)        # "modelslim": built quantized
     rule_for("0.5.17").draft_default_at                    # "server_args.py:4081-4082"
@@ -56,7 +56,9 @@ FORMS = (
     Form("F1", (), "flagless (ModelSlim auto-detected for the target)"),
     Form("F2", (QUANTIZATION, "modelslim"), "--quantization modelslim"),
     Form("F3", (DRAFT_QUANTIZATION, "unquant"), "--speculative-draft-model-quantization unquant"),
-    Form("F4", (DRAFT_QUANTIZATION, "modelslim"), "--speculative-draft-model-quantization modelslim"),
+    Form(
+        "F4", (DRAFT_QUANTIZATION, "modelslim"), "--speculative-draft-model-quantization modelslim"
+    ),
 )
 BY_KEY = {form.key: form for form in FORMS}
 #: the forms whose draft sglang builds unquantized (bf16) and the plugin dequantizes
@@ -160,7 +162,9 @@ def why_built(release: str, quantization: str | None, draft: str | None) -> str:
 
 #: fused layers sglang builds from several checkpoint projections: one precision for all
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-_EXPERT = re.compile(r"^(?P<layer>.+\.experts)\.\d+\.(?:gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+_EXPERT = re.compile(
+    r"^(?P<layer>.+\.experts)\.\d+\.(?:gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$"
+)
 _PROJ = re.compile(r"^(?P<module>.+)\.(?P<proj>q_proj|k_proj|v_proj|gate_proj|up_proj)\.weight$")
 
 
@@ -213,7 +217,9 @@ def plugin_outcome_for_quantized_draft(
     float_layers, refused = [], []
     for layer, schemes in sorted(groups.items()):
         if FLOAT in schemes and len(schemes) > 1:
-            refused.append((layer, f"{draft_class}: part FLOAT, part {'/'.join(sorted(schemes - {FLOAT}))}"))
+            refused.append(
+                (layer, f"{draft_class}: part FLOAT, part {'/'.join(sorted(schemes - {FLOAT}))}")
+            )
         elif schemes == {FLOAT} and layer.endswith(".experts"):
             float_layers.append(layer)
     return QuantizedDraftOutcome(tuple(float_layers), tuple(refused))

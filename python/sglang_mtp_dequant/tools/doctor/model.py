@@ -53,7 +53,11 @@ class FormAnswer:
     def line(self) -> str:
         from ..draft_memory import size_text
 
-        size = "-" if self.draft_bytes is None else f"{size_text(self.draft_bytes)} ({self.draft_bytes:,} B)"
+        size = (
+            "-"
+            if self.draft_bytes is None
+            else f"{size_text(self.draft_bytes)} ({self.draft_bytes:,} B)"
+        )
         return (
             f"{self.key} {self.label}: draft built {self.built}; stock: {self.stock}; "
             f"with the plugin: {self.plugin}; draft parameters {size}"
