@@ -132,9 +132,26 @@ def rank_worker(folder: str, tp: int, ep: int, rank: int, port: int, out: str) -
     from support.cpu_sglang import join_parallel_world
 
     join_parallel_world(folder, world_size=tp, rank=rank, port=port, ep_size=ep)
+    target_quant_config_first(folder)
     found = {key: _form_bytes(folder, flags, tp, ep, rank) for key, flags in FORM_FLAGS.items()}
     with open(out, "w") as handle:
         json.dump(found, handle)
+
+
+def target_quant_config_first(folder: str) -> None:
+    """Create the target's quantization config, as a server does before it builds the draft.
+
+    sglang's ``ModelSlimConfig`` patches ``RMSNorm`` for the whole process when the description
+    lists any ``norm.bias`` (GLM-5.1's indexer ``k_norm.bias``): every norm built afterwards,
+    the draft's included, carries a bias. A server always creates the target's config first
+    (ModelSlim is auto-detected for the target in every form), so the draft is counted so."""
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+
+    from sglang_mtp_dequant.serving import sglang_private
+
+    target = ModelConfig.from_server_args(sglang_private.published_server_args(), model_path=folder)
+    sglang_private.quantization_config(target, LoadConfig(load_format="auto"))
 
 
 def _form_bytes(folder: str, flags: list[str], tp: int, ep: int, rank: int) -> dict[str, Any]:
@@ -229,6 +246,7 @@ def in_process(folder: str, tp: int, ep: int) -> list[dict[str, Any]]:
     from sglang_mtp_dequant.tools.cpu_sglang import prepare_cpu_process
 
     prepare_cpu_process(folder)
+    target_quant_config_first(folder)
     per_rank = []
     for rank in range(tp):
         with as_rank(tp, ep, rank):

@@ -257,3 +257,21 @@ def test_the_in_process_ranks_equal_a_real_gloo_worlds_ranks(tmp_path):
         {k: r[k]["bytes"] for k in r} for r in mine
     ]
     assert real[0]["F1"]["bytes"] != real[0]["F2"]["bytes"]
+
+
+def test_the_cli_prints_the_form_every_forms_line_and_the_recommendation(capsys, tmp_path):
+    """The command of issue 45's finding 2, as a user types it."""
+    from sglang_mtp_dequant.tools.cli import main
+
+    flags = ["--quantization", "modelslim", "--speculative-algorithm", "EAGLE"]
+    code = main(["doctor", MOE, *flags, "--log", str(tmp_path / "sglang.log")])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0 and out[-1].startswith("verdict: ok - sglang builds the draft quantized")
+    assert "  form: F2 (--quantization modelslim)" in out
+    forms = [line.strip() for line in out if re.match(r"    F[1-4] ", line)]
+    assert [line[:2] for line in forms] == ["F1", "F2", "F3", "F4"]
+    assert "draft built quantized (modelslim)" in forms[1] and "744,448 B" in forms[1]
+    assert "draft built unquantized (bfloat16)" in forms[0] and "1,283,584 B" in forms[0]
+    (recommended,) = [line for line in out if line.startswith("  recommended: ")]
+    assert "(539,136 B, 42.0%) less than F1/F3" in recommended
+    assert not any("unchecked" in line for line in out)

@@ -2,32 +2,22 @@
 
 Usage::
 
-    form = form_of(args.quantization, args.speculative_draft_model_quantization)
-    form.key, form.label                                   # "F2", "--quantization modelslim"
+    form = form_of(args.quantization, args.speculative_draft_model_quantization)  # F1 .. F4
     draft_quantization("0.5.23", "modelslim", None)        # "modelslim": built quantized
     rule_for("0.5.17").draft_default_at                    # "server_args.py:4081-4082"
     outcome = plugin_outcome_for_quantized_draft(description, "Qwen3_5ForCausalLMMTP")
-    outcome.serves, outcome.float_layers, outcome.refused  # what the plugin does under F2 / F4
 
-Why: the forms behave differently and users type all four (issue 45). On sglang 0.5.14 to
-0.5.23 an unset ``--speculative-draft-model-quantization`` takes the target's CLI
-``--quantization`` (read from each release's wheel: ``RULES``), and the draft's ``ModelConfig``
-never auto-detects ModelSlim (``_find_quant_modelslim_config`` returns None for a draft). So:
+Why: the forms build the draft differently (issue 45). On sglang 0.5.14 to 0.5.23 an unset
+``--speculative-draft-model-quantization`` takes the target's ``--quantization`` and the
+draft's ``ModelConfig`` never auto-detects ModelSlim (each release's wheel read: ``RULES``):
+F1 flagless and F3 ``unquant`` build it unquantized, F2 ``--quantization modelslim`` and F4
+draft ``modelslim`` quantized. The doctor builds the draft with the installed sglang for the
+user's flags (that is the answer); the table says why, per release.
 
-- F1 flagless: ModelSlim is auto-detected for the target only; the draft is built unquantized;
-- F2 ``--quantization modelslim``: copied to the draft, which is built quantized;
-- F3 ``--speculative-draft-model-quantization unquant``: built unquantized;
-- F4 ``--speculative-draft-model-quantization modelslim``: built quantized.
-
-The doctor builds the draft with the installed sglang for the user's flags (that is the
-answer); this table says why, per release, and is checked against the installed sglang.
-
-``plugin_outcome_for_quantized_draft`` is the plugin's contract for a draft built quantized
-(F2 / F4) whose description marks some layers FLOAT: those layers are built unquantized and
-loaded as the floats they are, the quantized ones quantized; where that cannot be done, the
-start-up stops naming the layer and the form that works. It is written here from that contract,
-from the description alone; on merge it is to be answered by the serving plugin's own plan
-(the other half of issue 45), behind this one function.
+``plugin_outcome_for_quantized_draft`` is the plugin's contract for F2 / F4 when the description
+marks layers FLOAT (built unquantized, loaded as stored; a layer part FLOAT stops the start-up
+naming it and the form that works), from the description alone: on merge it is to be answered
+by the serving plugin's own plan, behind this one function.
 """
 
 from __future__ import annotations
