@@ -95,6 +95,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not build the draft class (no coverage; the verdict is then 'unchecked')",
     )
+    doctor.add_argument(
+        "--no-forms",
+        action="store_true",
+        help="do not also answer every launch form (F1-F4) with the draft's memory",
+    )
     verify.add_argument(
         "--reference",
         metavar="FILE.safetensors",
@@ -286,6 +291,7 @@ def _doctor(args: argparse.Namespace, log: str | None, launch: Launch | None) ->
         revision=args.revision,
         dry_run=not args.no_dry_run,
         launch=launch,
+        forms=not args.no_forms,
     )
     if args.json:
         text = json.dumps({**report.to_json(), "log": log}, indent=2)

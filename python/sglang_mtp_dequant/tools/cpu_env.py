@@ -7,12 +7,14 @@ Usage::
         model = build(...)                   # and npu_quantization_rule() to build as on NPU
     stand_ins_used()                         # the notes the doctor prints
 
-Five shims, each acting only where the real thing cannot run, none touching attention,
+Six shims, each acting only where the real thing cannot run, none touching attention,
 matmul, sampling or weight loading: ``ensure_torchvision_importable`` (PyPI's CUDA
 torchvision beside CPU torch), ``placeholder_vllm_rotary`` (a GPU kernel imported by
 ``RotaryEmbedding``), ``cuda_capability_answered`` (DSA server-args asking the CUDA
-capability), ``generic_rope_on_cpu`` (ropes sglang's CPU branch cannot build) and
-``npu_quantization_rule`` (the draft classes' NPU-only quantization clauses). Why each is safe
+capability), ``generic_rope_on_cpu`` (ropes sglang's CPU branch cannot build),
+``npu_quantization_rule`` (the draft classes' NPU-only quantization clauses) and
+``npu_kernels_looked_up`` (NPU kernels a quantized layer looks up while it is built). Why
+each is safe
 is on its function. Each stand-in records a note the first time it is needed
 (``stand_ins_used``): what was answered for sglang, and why it cannot change what is found.
 
@@ -238,3 +240,55 @@ def npu_quantization_rule() -> Iterator[None]:
         sglang_private.set_loader_is_npu(loader_was_npu)
         for module, function in saved:
             sglang_private.set_draft_module_is_npu(module, function)
+
+
+NPU_KERNEL_NOTE = (
+    "CPU stand-in: while the draft was built as on NPU, sglang's quantized layers looked up the "
+    "NPU kernel(s) {kernels} (torch_npu's, absent here); each was answered by a placeholder that "
+    "raises if called. Kernels run only in forward, which the CPU tools never call: the layers, "
+    "parameters, shapes and dtypes are sglang's own"
+)
+
+
+class _NpuKernels:
+    """``torch.ops.npu`` while a draft is built on a CPU: a real kernel where torch_npu has
+    one, else a placeholder that raises if called (and is noted as looked up)."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.looked_up: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return getattr(self._real, name)
+        except AttributeError:
+            pass
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name not in self.looked_up:
+            self.looked_up.append(name)
+        _USED["npu-kernels"] = NPU_KERNEL_NOTE.format(kernels=", ".join(self.looked_up))
+
+        def kernel(*_args: object, **_kwargs: object) -> NoReturn:
+            raise RuntimeError(f"torch.ops.npu.{name} placeholder: NPU kernels do not run here")
+
+        return kernel
+
+
+@contextlib.contextmanager
+def npu_kernels_looked_up() -> Iterator[None]:
+    """While a draft is built as on NPU, answer ``torch.ops.npu.<kernel>`` lookups.
+
+    sglang's NPU quantization methods fetch their kernels when they are constructed (e.g.
+    ``NPUW8A8Int8MoEMethod`` -> ``HiddenStatesDynamicQuant`` takes
+    ``torch.ops.npu.npu_dynamic_quant``), so a ModelSlim-quantized MoE draft cannot even be built
+    on a CPU without torch_npu. A kernel is only called in ``forward`` (or after the weights are
+    loaded), never while the class builds its parameters on the meta device, so a placeholder
+    that raises if called changes nothing the doctor or the memory count reads. Where torch_npu
+    is installed its kernels are returned as they are."""
+    real = getattr(torch.ops, "npu")  # noqa: B009 - an op namespace mypy does not know
+    setattr(torch.ops, "npu", _NpuKernels(real))  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(torch.ops, "npu", real)  # noqa: B010

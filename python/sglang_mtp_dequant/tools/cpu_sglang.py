@@ -16,7 +16,7 @@ through the ledger of sglang's private names (``serving/sglang_private.py``).
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -100,14 +100,22 @@ def draft_model_config(path: str, revision: str | None = None) -> ModelConfig:
     )
 
 
-def build_draft(model_config: ModelConfig, device: str | torch.device = "cpu") -> torch.nn.Module:
+def build_draft(
+    model_config: ModelConfig,
+    device: str | torch.device = "cpu",
+    adjust_quant_config: Callable[[Any], None] | None = None,
+) -> torch.nn.Module:
     """sglang's own draft class for ``model_config``, built the way ``DefaultModelLoader`` does
-    (its quantization config, its dtype), on ``device`` (``"meta"``: shapes only)."""
+    (its quantization config, its dtype), on ``device`` (``"meta"``: shapes only).
+    ``adjust_quant_config``: called with sglang's quantization config before the class is built
+    (the doctor's build of a draft as the plugin builds it: ``doctor/forms.py``)."""
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.model_loader.utils import set_default_torch_dtype
 
     load_config = LoadConfig(load_format="auto")
     quant_config = sglang_private.quantization_config(model_config, load_config)
+    if adjust_quant_config is not None and quant_config is not None:
+        adjust_quant_config(quant_config)
     with set_default_torch_dtype(model_config.dtype), torch.device(device):
         with placeholder_vllm_rotary(), generic_rope_on_cpu():
             return sglang_private.initialize_model(model_config, load_config, quant_config)

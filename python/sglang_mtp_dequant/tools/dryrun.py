@@ -21,7 +21,7 @@ is the one a real load would make; no weight byte is read.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -82,9 +82,14 @@ class Coverage:
     codes_in_float: dict[str, list[str]] = field(default_factory=dict)
 
 
-def build_meta_draft(folder: str, launch: Launch | None = None) -> Built:
+def build_meta_draft(
+    folder: str,
+    launch: Launch | None = None,
+    adjust_quant_config: Callable[[Any], None] | None = None,
+) -> Built:
     """sglang's draft for the checkpoint in ``folder`` (see the module docstring), for the
-    user's ``launch`` (its flags published, its platform stood in; default: NPU, no flags).
+    user's ``launch`` (its flags published, its platform stood in; default: NPU, no flags);
+    ``adjust_quant_config`` as ``cpu_sglang.build_draft`` takes it.
 
     Raises whatever sglang raises building it.
 
@@ -99,7 +104,7 @@ def build_meta_draft(folder: str, launch: Launch | None = None) -> Built:
     prepare_cpu_process(folder, **launch.server_args())
     model_config = draft_model_config(folder)
     with launch.platform():
-        model = build_draft(model_config, device="meta")
+        model = build_draft(model_config, "meta", adjust_quant_config)
     return Built(model_config, model)
 
 

@@ -100,16 +100,18 @@ class Launch:
     def platform(self) -> Iterator[None]:
         """sglang's platform answers for ``--device`` while the draft class is built.
 
-        On NPU the draft classes' ``is_npu`` rule; on CUDA ``torch.cuda.get_device_capability()``
+        On NPU the draft classes' ``is_npu`` rule, and the NPU kernels a quantized layer looks
+        up while it is built (placeholders that raise if called: ``cpu_env``); on CUDA
+        ``torch.cuda.get_device_capability()``
         answered as an sm90 GPU (which compressed-tensors' scheme choice asks). sglang's own
         resolution (``ServerArgs`` and the draft's ``ModelConfig``) decides the draft's
         quantization: ``--quantization`` copied to the draft, ``unquant``, the checkpoint's
         ``quantization_config``.
         """
-        from .cpu_env import cuda_capability_answered, npu_quantization_rule
+        from .cpu_env import cuda_capability_answered, npu_kernels_looked_up, npu_quantization_rule
 
         if self.device == "npu":
-            with npu_quantization_rule():
+            with npu_quantization_rule(), npu_kernels_looked_up():
                 yield
         elif self.device == "cuda":
             with cuda_capability_answered(CUDA_CAPABILITY, note=CUDA_BUILD_NOTE):
@@ -193,6 +195,31 @@ def parse_launch(path: str | None, argv: Sequence[str]) -> Launch:
             f"sglang's launch_server parser refused the flags: {said[-1] if said else exc}"
         ) from None
     return Launch(namespace, flags)
+
+
+def without_flags(flags: Sequence[str], names: Sequence[str]) -> list[str]:
+    """``flags`` less each of ``names`` with its value (``--name value`` or ``--name=value``)."""
+    out: list[str] = []
+    skip = False
+    for word in flags:
+        if skip:
+            skip = False
+        elif word in names:
+            skip = True
+        elif not any(word.startswith(f"{name}=") for name in names):
+            out.append(word)
+    return out
+
+
+def with_quantization(
+    launch: Launch | None, path: str, quantization_flags: Sequence[str]
+) -> Launch:
+    """The same launch (``launch``, or none for checkpoint ``path``) with its two quantization
+    flags replaced by ``quantization_flags`` (a launch form: ``doctor/forms.py``)."""
+    names = ("--quantization", "--speculative-draft-model-quantization")
+    words = without_flags(launch.flags if launch is not None else [], names)
+    given_path = any(w == "--model-path" or w.startswith("--model-path=") for w in words)
+    return parse_launch(None if given_path else path, [*words, *quantization_flags])
 
 
 def checkpoint_in(words: Sequence[str]) -> str | None:

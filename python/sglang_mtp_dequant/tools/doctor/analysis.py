@@ -47,6 +47,7 @@ def diagnose(
     revision: str | None = None,
     dry_run: bool = True,
     launch: Launch | None = None,
+    forms: bool = False,
 ) -> Diagnosis:
     """Everything the doctor reports about ``path``; never raises on a bad checkpoint.
 
@@ -55,7 +56,9 @@ def diagnose(
     ``--revision``). ``dry_run=False`` skips building the draft class: no parameter coverage
     and no answer from the class's own quantization rule (the verdict is then ``unchecked``).
     ``launch``: the user's sglang launch flags (``tools/launch.py``); None: as on NPU with the
-    draft quantization unset.
+    draft quantization unset. ``forms`` (the CLI's default): also answer every launch form
+    (``forms.FORMS``) for
+    the same checkpoint, with the draft's memory, and recommend the cheapest that serves right.
     """
     from ..cpu_env import forget_stand_ins
     from ..launch import DEFAULT_ANSWER
@@ -84,6 +87,15 @@ def diagnose(
         _target_layers(report, source, launch)
     if built is not None and report.tensors:
         _load_dry_run(report, built, ckpt, plan, plain_plan, spec)
+    if forms and dry_run:
+        from .form_table import answer_every_form
+
+        def for_launch(form_launch: Launch) -> Diagnosis:
+            return diagnose(
+                path, download_dir=download_dir, revision=revision, launch=form_launch, forms=False
+            )
+
+        answer_every_form(report, for_launch, path, launch)
     return report
 
 
@@ -195,6 +207,7 @@ def _who_decodes(
     # a quantized draft needs the plugin when it decodes the codes of a plain nn.Linear part
     _activation(report, needed=bool(codes) and (report.plugin_acts or plain_plan is not None))
     report.stock = _stock_summary(report, codes)
+    _stock_outcome(report, codes)
     return plain_plan
 
 
@@ -251,26 +264,57 @@ def _draft_walk(
 
 
 def _build(report: Diagnosis, source: WeightSource, launch: Launch | None) -> Built | None:
-    """sglang's draft on the meta device, or None (said as what could not be checked)."""
-    try:
-        from ..dryrun import build_meta_draft
+    """sglang's draft on the meta device, or None (said as what could not be checked). Where
+    stock sglang cannot build it (a ModelSlim build meeting FLOAT layers), the draft as the
+    plugin builds it, or None with the plugin's refusal as a problem (``form_table``)."""
+    from ..dryrun import build_meta_draft
+    from .form_table import build_as_plugin
 
+    report.form = _form_text(launch)
+    built: Built | None
+    try:
         built = build_meta_draft(source.folder, launch)
     except Exception as exc:  # noqa: BLE001 - no build, said so; the rest still stands
-        report.dry_run = f"not run ({type(exc).__name__}: {exc})"
-        report.unchecked.append(
-            "sglang's draft class could not be built on this machine, so neither how sglang "
-            "quantizes the draft nor whether every parameter is filled was checked: "
-            f"{type(exc).__name__}: {exc}"
-        )
-        return None
+        built = build_as_plugin(report, source, launch, exc)
+        if built is None and not report.problems:
+            report.dry_run = f"not run ({type(exc).__name__}: {exc})"
+            report.unchecked.append(
+                "sglang's draft class could not be built on this machine, so neither how "
+                "sglang quantizes the draft nor whether every parameter is filled was checked: "
+                f"{type(exc).__name__}: {exc}"
+            )
+        if built is None:
+            return None
+    _describe_build(report, built, launch)
+    return built
+
+
+def _form_text(launch: Launch | None) -> str:
+    from .forms import form_of
+
+    namespace = launch.namespace if launch is not None else None
+    quantization = getattr(namespace, "quantization", None)
+    form = form_of(quantization, getattr(namespace, "speculative_draft_model_quantization", None))
+    return f"{form.key} ({form.label})" if form is not None else "another quantization"
+
+
+def _describe_build(report: Diagnosis, built: Built, launch: Launch | None) -> None:
+    """The ``built:`` line: sglang's draft quantization, where it came from, and the class."""
+    from ..draft_memory import draft_parameter_bytes
+    from .forms import why_built
+
+    namespace = launch.namespace if launch is not None else None
+    quantization = getattr(namespace, "quantization", None)
+    given = getattr(namespace, "speculative_draft_model_quantization", None)
     report.draft_class = built.class_name
     report.draft_dtype = built.dtype  # what sglang's --dtype auto builds
     report.draft_quantization = built.quantization
     report.built_quantized = built.quant_config
-    picked = f"sglang's draft ModelConfig picks quantization {built.quantization!r}" + (
-        " (config.json's quantization_config)" if built.quantization else ""
-    )
+    report.draft_bytes = draft_parameter_bytes(built.model)
+    why = why_built(sglang_version(), quantization, given)
+    if built.quantization and quantization is None and given is None:
+        why = "config.json's quantization_config"
+    picked = f"sglang's draft ModelConfig picks quantization {built.quantization!r} ({why})"
     if built.quant_config is None:
         report.built = (
             f"{picked}; {built.class_name} is built unquantized: the plugin's hook acts"
@@ -284,7 +328,6 @@ def _build(report: Diagnosis, source: WeightSource, launch: Launch | None) -> Bu
             "quantized layers consume their codes; the plugin's hook keeps sglang's stream, "
             "decodes what its plain nn.Linear parts receive and checks every write"
         )
-    return built
 
 
 def _plain_parts(
@@ -479,10 +522,14 @@ def _stock_dry_run(
     on those exports. What its loader raises here is what the user would see."""
     from ..dryrun import simulate_load
 
+    if report.startup_error:  # stock sglang never gets to load: its start-up stopped
+        return
     try:
         stock = simulate_load(built, ckpt, None, spec)
         if quantized and (stock.unwritten or stock.codes_in_float):
             broken = [*stock.unwritten, *stock.codes_in_float]
+            report.stock_serves = False
+            report.stock_outcome = f"serves garbage ({', '.join(broken)} raw codes or unwritten)"
             report.stock = (
                 f"stock sglang {sglang_version()} builds {built.class_name} quantized "
                 f"({built.quant_config}) and loads it with no error, but {', '.join(broken)} "
@@ -490,6 +537,8 @@ def _stock_dry_run(
                 "own load_weights without the plugin): the draft proposes garbage"
             )
     except Exception as exc:  # noqa: BLE001 - stock sglang's own failure, reported as such
+        report.stock_serves = False
+        report.stock_outcome = f"does not start (its loader: {type(exc).__name__}: {exc})"
         report.stock = (
             f"stock sglang {sglang_version()} builds {built.class_name} unquantized and its "
             f"loader stops: {type(exc).__name__}: {exc} (the server does not start; seen in a "
@@ -586,6 +635,28 @@ def _orphan_row(info: TensorInfo, described: str | None, weight: str) -> TensorR
         stock="passed to sglang (skipped or warned about by name)",
         codes=info.holds_codes,
     )
+
+
+def _stock_outcome(report: Diagnosis, integer: list[TensorRow]) -> None:
+    """Whether stock sglang serves this draft right, short (the dry run may say otherwise)."""
+    if report.startup_error:
+        report.stock_serves = False
+        report.stock_outcome = f"does not start ({report.startup_error})"
+        report.stock = (
+            f"stock sglang {sglang_version()} does not start: building "
+            f"{report.draft_class or 'the draft'} quantized stops with {report.startup_error} "
+            "(sglang #34211: its ModelSlim MoE schemes have no FLOAT)"
+        )
+    elif not report.tensors:
+        report.stock_serves, report.stock_outcome = None, "no draft tensors"
+    elif report.built_quantized or not integer:
+        report.stock_serves, report.stock_outcome = True, "serves right"
+    elif all(t.stock == STOCK_SILENT for t in integer):
+        report.stock_serves = False
+        report.stock_outcome = "serves garbage (raw codes in the bf16 draft: accept length ~1)"
+    else:
+        report.stock_serves = False
+        report.stock_outcome = "does not load right (packed codes stop the load, or raw codes)"
 
 
 def _stock_summary(report: Diagnosis, integer: list[TensorRow]) -> str:

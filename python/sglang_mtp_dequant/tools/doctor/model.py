@@ -36,6 +36,35 @@ class TensorRow:
 
 
 @dataclass
+class FormAnswer:
+    """The doctor's answer for one launch form (``forms.FORMS``) of the same checkpoint."""
+
+    key: str  # F1 .. F4
+    label: str  # how users call it
+    flags: str  # the quantization flags it is
+    built: str  # how sglang builds the draft: "unquantized (bfloat16)", "quantized (modelslim)"
+    stock: str  # what stock sglang does, short: "serves right", "does not start (...)", ...
+    stock_serves: bool | None
+    plugin: str  # the doctor's verdict line for that launch, with the plugin
+    plugin_serves: bool
+    #: the draft's own parameters on one rank (less the embedding and lm_head), meta build
+    draft_bytes: int | None
+
+    def line(self) -> str:
+        from ..draft_memory import size_text
+
+        size = (
+            "-"
+            if self.draft_bytes is None
+            else f"{size_text(self.draft_bytes)} ({self.draft_bytes:,} B)"
+        )
+        return (
+            f"{self.key} {self.label}: draft built {self.built}; stock: {self.stock}; "
+            f"with the plugin: {self.plugin}; draft parameters {size}"
+        )
+
+
+@dataclass
 class Diagnosis:
     """The doctor's whole answer for one checkpoint."""
 
@@ -52,6 +81,19 @@ class Diagnosis:
     built_quantized: str | None = None
     built: str = ""  # how sglang builds the draft, one sentence
     launch: str = ""  # for which launch (flags, platform stood in) the answer was asked
+    form: str = ""  # the launch's form (``forms.FORMS``), e.g. "F2 (--quantization modelslim)"
+    #: sglang's own error when stock sglang cannot build the draft for this launch (its start-up
+    #: stops there, e.g. a FLOAT MoE layer in a ModelSlim build: sglang #34211)
+    startup_error: str = ""
+    #: the short form of ``stock``, and whether stock sglang serves this draft right
+    stock_outcome: str = ""
+    stock_serves: bool | None = None
+    #: what the plugin builds differently from stock (a draft built quantized with FLOAT layers)
+    plugin_builds: str = ""
+    #: the draft's own parameters on this rank (less the embedding and lm_head), meta build
+    draft_bytes: int | None = None
+    forms: list[FormAnswer] = field(default_factory=list)  # every form, for the same checkpoint
+    recommended: str = ""  # the form with the least draft memory that serves right
     plugin_acts: bool = False
     plugin_active: bool | None = None  # sglang would load the plugin here (None: not asked)
     plugin_activation: str = ""
@@ -96,6 +138,10 @@ class Diagnosis:
             return self.unsupported
         if verdict == UNCHECKED:
             return "nothing wrong found, but not checked: " + "; ".join(self.unchecked)
+        if self.built_quantized and self.plugin_builds:
+            decoded = [t.name for t in self.tensors if t.action == "dequantize"]
+            also = f"; it decodes {', '.join(decoded)} (a plain nn.Linear)" if decoded else ""
+            return f"{self.plugin_builds}{also}; every parameter is filled"
         if self.built_quantized:
             decoded = [t.name for t in self.tensors if t.action == "dequantize"]
             if decoded:
@@ -136,6 +182,14 @@ class Diagnosis:
             "built_quantized": self.built_quantized,
             "built": self.built,
             "launch": self.launch,
+            "form": self.form or None,
+            "startup_error": self.startup_error or None,
+            "stock_serves": self.stock_serves,
+            "stock_outcome": self.stock_outcome or None,
+            "plugin_builds": self.plugin_builds or None,
+            "draft_parameter_bytes": self.draft_bytes,
+            "forms": [asdict(answer) for answer in self.forms],
+            "recommended": self.recommended or None,
             "plugin_acts": self.plugin_acts,
             "plugin_active": self.plugin_active,
             "plugin_activation": self.plugin_activation,

@@ -30,6 +30,7 @@ def render_text(report: Diagnosis) -> str:
     """A plain-text table (stable, greppable, fits a log), then notes, then the verdict."""
     lines = [f"sglang-mtp-dequant doctor: {report.requested}"]
     lines += _setting_lines(report) + [""] + _table_lines(report) + _finding_lines(report)
+    lines += _form_lines(report)
     lines += ["", f"verdict: {report.verdict} - {report.reason}"]
     return "\n".join(lines)
 
@@ -46,6 +47,8 @@ def _setting_lines(report: Diagnosis) -> list[str]:
         )
     if report.launch:
         lines.append(f"  launch: {report.launch}")
+    if report.form:
+        lines.append(f"  form: {report.form}")
     if report.built:
         lines.append(f"  built: {report.built}")
     if report.plugin_activation:
@@ -113,6 +116,20 @@ def _finding_lines(report: Diagnosis) -> list[str]:
     lines += [f"  note: {note}" for note in report.notes]
     lines += [f"  unchecked: {item}" for item in report.unchecked]
     lines += [f"  problem: {problem}" for problem in report.problems]
+    return lines
+
+
+def _form_lines(report: Diagnosis) -> list[str]:
+    """Every launch form's answer for this checkpoint, and the recommended one."""
+    if not report.forms:
+        return []
+    lines = [
+        "",
+        "  every launch form (draft parameters on this rank, less the embedding and lm_head "
+        "taken from the target; sglang's meta build):",
+    ]
+    lines += [f"    {answer.line()}" for answer in report.forms]
+    lines.append(f"  recommended: {report.recommended}")
     return lines
 
 

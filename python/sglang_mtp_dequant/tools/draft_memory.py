@@ -1,0 +1,63 @@
+"""The memory a draft's own parameters take on one rank, counted on sglang's meta build.
+
+Usage::
+
+    built = build_meta_draft(folder, launch)          # tools/dryrun.py: sglang's class on meta
+    draft_parameter_bytes(built.model)                 # 851,443,712
+    bytes_by_dtype(built.model)                        # {"bfloat16": ..., "int8": ...}
+    size_text(851_443_712)                             # "812.0 MiB"
+
+Why on the meta device: sglang's own class, built for the launch (its quantization config,
+its parallel sizes), allocates exactly these parameters on the device; on ``meta`` they have
+their shapes and dtypes and take no memory, so a full-size draft is counted on any CPU. The
+embedding and lm_head are left out: sglang's EAGLE workers replace them with the target's
+(``set_embed_and_head``) right after the draft loads (``DraftSpec.from_target``), so they cost
+the draft nothing. What the NPU kernels do to the parameters after loading (format casts) is
+not counted: the figure is what sglang's layers create.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+#: parameter name parts the draft takes from the target (``DraftSpec.from_target``)
+FROM_TARGET = ("embed_tokens", "lm_head")
+
+
+def _own_parameters(
+    model: torch.nn.Module, from_target: Iterable[str]
+) -> list[tuple[str, torch.nn.Parameter]]:
+    taken = tuple(from_target)
+    return [
+        (name, param)
+        for name, param in model.named_parameters()
+        if not any(part in taken for part in name.split("."))
+    ]
+
+
+def draft_parameter_bytes(model: torch.nn.Module, from_target: Iterable[str] = FROM_TARGET) -> int:
+    """The bytes of ``model``'s parameters on this rank, less those taken from the target."""
+    return sum(p.numel() * p.element_size() for _, p in _own_parameters(model, from_target))
+
+
+def bytes_by_dtype(
+    model: torch.nn.Module, from_target: Iterable[str] = FROM_TARGET
+) -> dict[str, int]:
+    """``draft_parameter_bytes`` split by parameter dtype (``"bfloat16"``, ``"int8"``, ...)."""
+    out: dict[str, int] = {}
+    for _, param in _own_parameters(model, from_target):
+        key = str(param.dtype).removeprefix("torch.")
+        out[key] = out.get(key, 0) + param.numel() * param.element_size()
+    return out
+
+
+def size_text(count: int) -> str:
+    """Bytes as ``"812.0 MiB"`` / ``"1.53 GiB"`` (binary units), with the exact count beside
+    it in reports."""
+    if count >= 1 << 30:
+        return f"{count / (1 << 30):.2f} GiB"
+    if count >= 1 << 20:
+        return f"{count / (1 << 20):.1f} MiB"
+    return f"{count / 1024:.1f} KiB"
