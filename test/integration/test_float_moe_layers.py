@@ -3,10 +3,10 @@
 loaded by its own ``DefaultModelLoader`` under ``ModelSlimConfig``, as under
 ``--quantization modelslim --speculative-draft-model-quantization modelslim`` (forms F2 / F4).
 
-The checkpoint: ``e2e/moe_float_experts`` (its RECIPE.md): the MTP layer's routed experts,
-shared expert and ``fc`` FLOAT, its attention W8A8_DYNAMIC. Each load runs in a fresh
-interpreter (the plugin's hooks are process-wide) with the servers' ``site/`` shims, which give
-the CPU what an Ascend machine gives sglang's ModelSlim path: sglang's own NPU packed-module
+The checkpoint: ``test/fixtures/e2e/moe_float_experts`` (its RECIPE.md): the MTP layer's
+routed experts, shared expert and ``fc`` FLOAT, its attention W8A8_DYNAMIC. Each load runs in a
+fresh interpreter (the plugin's hooks are process-wide) with the servers' ``site/`` shims,
+which give the CPU what an Ascend machine gives sglang's ModelSlim path: sglang's own NPU packed-module
 mapping applied by ``_get_quantization_config``, float32 accepted by ``ModelSlimConfig``, and
 the two Ascend kernels of the W8A8_DYNAMIC linear method on their CPU stand-ins (checked in
 ``test/e2e/test_e2e_shims.py``; nothing here runs them: only the build and the load are
@@ -36,8 +36,7 @@ SITE = os.path.join(ROOT, "e2e", "site")
 SHARD = "quant_model_weights-00001-of-00001.safetensors"
 EXPERTS = "mtp.layers.0.mlp.experts"
 STOCK_ERROR = (
-    "Unsupported ModelSlim MoE schemes for layer mtp.layers.0.mlp.experts: "
-    "W13='FLOAT', W2='FLOAT'"
+    "Unsupported ModelSlim MoE schemes for layer mtp.layers.0.mlp.experts: W13='FLOAT', W2='FLOAT'"
 )
 
 BUILD = """
@@ -85,7 +84,10 @@ BUILD = """
         layers[name] = {{
             "method": type(method).__name__,
             "scheme": type(getattr(module, "scheme", None)).__name__,
-            "params": {{n: [str(p.dtype), list(p.shape)] for n, p in module.named_parameters(recurse=False)}},
+            "params": {{
+                n: [str(p.dtype), list(p.shape)]
+                for n, p in module.named_parameters(recurse=False)
+            }},
         }}
     torch.save(dict(model.state_dict()), {state!r})
     print(json.dumps({{"draft": type(model).__name__, "quantization": config.quantization,

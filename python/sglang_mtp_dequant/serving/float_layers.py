@@ -1,33 +1,29 @@
 """MoE layers a ModelSlim description marks FLOAT: built unquantized, per layer, or refused.
 
-Usage (``plugin.register`` arranges it in every sglang process)::
+Usage (``plugin.register`` arranges the hook in every sglang process)::
 
     FLOAT_LAYER_HOOKS                                   # one AROUND hook on ModelSlimConfig
-    precision = expert_precision(quant_config, "mtp.layers.0.mlp.experts", num_experts=8)
-    precision.all_float, precision.mixed                # what the hook decides from
-    plan = moe_layer_plan(description, prefixes)        # the doctor's answer, no sglang needed
+    plan = moe_layer_plan(description)                  # the doctor's answer, no sglang needed
+    plan.built_unquantized, plan.refused, plan.stock, plan.stock_fails
 
-Why: built with ``--quantization modelslim`` (or ``--speculative-draft-model-quantization
-modelslim``), every ``FusedMoE`` layer asks ``ModelSlimConfig.get_quant_method``, whose
-``get_moe_scheme`` knows no ``FLOAT`` scheme: a layer whose experts the description marks
-FLOAT (the MTP experts of published Qwen3.6-35B-A3B exports) stops the start-up with
-``ValueError: Unsupported ModelSlim MoE schemes for layer mtp.layers.0.mlp.experts:
-W13='FLOAT', W2='FLOAT'`` (sglang #34211). Linear layers marked FLOAT already get sglang's
-unquantized method (``is_layer_skipped``). As vllm-ascend does per layer
-(``AscendModelSlimConfig.get_quant_method``: a FusedMoE whose expert shards are FLOAT gets the
-unquantized MoE method, shards of mixed precision raise) and as sglang #34353's reviewers asked
-(only a layer whose expert projections are ALL explicitly FLOAT falls back; missing, mixed or
-unsupported schemes still raise), the hook answers None for such a layer, so ``FusedMoE``
-builds sglang's own ``UnquantizedFusedMoEMethod`` exactly as for a model built without a quant
-config, and its float tensors load as they are. A layer whose experts are part FLOAT, part
-quantized cannot be built right by sglang's ModelSlim (one method per layer): the start-up
-stops with ``MixedPrecisionLayerError`` naming the layer and the launch that serves it. Every
-other layer is sglang's answer, untouched (no log line).
+Why: a model built under ``ModelSlimConfig`` (the target; the draft too under
+``--quantization modelslim`` or ``--speculative-draft-model-quantization modelslim``) asks
+``get_quant_method`` for each ``FusedMoE`` layer, and ``get_moe_scheme`` has no ``FLOAT``
+scheme: experts marked FLOAT (the MTP experts of published Qwen3.6-35B-A3B exports) stop the
+start-up (``Unsupported ModelSlim MoE schemes ... W13='FLOAT', W2='FLOAT'``, sglang #34211).
+As vllm-ascend decides per layer (a FusedMoE whose expert shards are FLOAT gets the unquantized
+MoE method, mixed shards raise) and as sglang #34353's reviewers asked (only experts ALL
+explicitly FLOAT fall back; missing or unsupported schemes still raise), the hook answers None
+for such a layer, so ``FusedMoE`` builds sglang's own ``UnquantizedFusedMoEMethod`` and the
+float tensors load as stored. Experts part FLOAT, part quantized: no single method builds them
+right, so ``MixedPrecisionLayerError`` names the layer and the launch that serves it. Any other
+layer gets sglang's answer untouched, without a log line.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -137,7 +133,11 @@ def is_draft_layer(layer: str) -> bool:
 
 def refusal(precision: ExpertPrecision) -> MixedPrecisionLayerError:
     draft = is_draft_layer(precision.layer)
-    hint = DRAFT_WAY_OUT if draft else f"if this is a draft layer, {DRAFT_WAY_OUT}; if it is the target's, {TARGET_WAY_OUT}"
+    hint = (
+        DRAFT_WAY_OUT
+        if draft
+        else f"if this is a draft layer, {DRAFT_WAY_OUT}; if it is the target's, {TARGET_WAY_OUT}"
+    )
     return MixedPrecisionLayerError(
         layer=precision.layer,
         problem=(
@@ -155,7 +155,12 @@ _SAID: set[str] = set()
 
 
 def float_moe_quant_method(
-    original: Callable[..., Any], quant_config: Any, layer: Any, prefix: str, *args: Any, **kwargs: Any
+    original: Callable[..., Any],
+    quant_config: Any,
+    layer: Any,
+    prefix: str,
+    *args: Any,
+    **kwargs: Any,
 ) -> Any:
     """AROUND ``ModelSlimConfig.get_quant_method``: None (sglang's unquantized MoE method) for a
     FusedMoE layer whose experts are all FLOAT, ``MixedPrecisionLayerError`` for one part FLOAT,
@@ -207,13 +212,39 @@ class MoeLayerPlan:
         return (*self.built_unquantized, *(p.layer for p in self.refused))
 
 
+#: a routed expert's projection entry: (layer, expert, projection)
+_EXPERT_ENTRY = re.compile(
+    r"^(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$"
+)
+
+
+def moe_layers(description: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """``(layer, experts)`` of every routed-expert layer the description lists per expert
+    (``<layer>.<e>.gate_proj.weight``...), in the description's order; ``experts`` is one more
+    than the highest expert index listed."""
+    highest: dict[str, int] = {}
+    for name in description:
+        match = _EXPERT_ENTRY.match(name) if isinstance(name, str) else None
+        if match:
+            layer, expert = match.group(1), int(match.group(2))
+            highest[layer] = max(highest.get(layer, -1), expert)
+    return [(layer, top + 1) for layer, top in highest.items()]
+
+
 def moe_layer_plan(
-    description: Mapping[str, Any], layers: Iterable[tuple[str, int]]
+    description: Mapping[str, Any], layers: Iterable[tuple[str, int]] | None = None
 ) -> MoeLayerPlan:
-    """The hook's decision for each ``(prefix, num_experts)`` FusedMoE layer, from the parsed
-    description alone (prefixes as the checkpoint names them; sglang's prefix aliases such as
-    ``language_model.`` are not applied here)."""
-    unquantized, refused, stock = [], [], []
+    """The hook's decision for each ``(prefix, num_experts)`` FusedMoE layer (default: every
+    layer ``moe_layers`` finds), from the parsed description alone: what the plugin does when
+    sglang builds a model with this description under ``ModelSlimConfig`` (the target in every
+    launch form of a ModelSlim folder; the draft too under ``--quantization modelslim`` or
+    ``--speculative-draft-model-quantization modelslim``). Prefixes are the checkpoint's;
+    sglang's aliases (``language_model.``, ``block_sparse_moe``) are not applied here."""
+    if layers is None:
+        layers = moe_layers(description)
+    unquantized: list[str] = []
+    refused: list[ExpertPrecision] = []
+    stock: list[str] = []
     for layer, num_experts in layers:
         precision = ExpertPrecision(layer, expert_entries(description, layer, num_experts))
         if precision.mixed:

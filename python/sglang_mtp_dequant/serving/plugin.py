@@ -13,9 +13,9 @@ hooks on sglang's ``DefaultModelLoader`` (``load.py``: the resolution of the dra
 narrowed inside a draft load), two on its quant config and model build (``target_layers.py``:
 linear layers built unquantized over quantized codes, target and draft), one on ModelSlim's
 ``get_quant_method`` (``float_layers.py``: MoE layers the description marks FLOAT built
-unquantized) and the Ray launch check (``ray_setup.py``). Each hooked draft load is one ``load.DraftLoad``: narrowed to the
-files holding the draft's tensors, planned, streamed through the decoding stream, recorded and
-guarded. What each hook does: ``register``,
+unquantized) and the Ray launch check (``ray_setup.py``). Each hooked draft load is one
+``load.DraftLoad``: narrowed to the files holding the draft's tensors, planned, streamed
+through the decoding stream, recorded and guarded. What each hook does: ``register``,
 ``make_load_weights_hook``.
 """
 
