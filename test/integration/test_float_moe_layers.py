@@ -4,15 +4,15 @@ loaded by its own ``DefaultModelLoader`` under ``ModelSlimConfig``, as under
 ``--quantization modelslim --speculative-draft-model-quantization modelslim`` (forms F2 / F4).
 
 The checkpoint: ``test/fixtures/e2e/moe_float_experts`` (its RECIPE.md): the MTP layer's
-routed experts, shared expert and ``fc`` FLOAT, its attention W8A8_DYNAMIC. Each load runs in a
-fresh interpreter (the plugin's hooks are process-wide) with the servers' ``site/`` shims,
+routed experts, shared expert and ``fc`` FLOAT, its attention W8A8_DYNAMIC. Each load runs in
+a fresh interpreter (the plugin's hooks are process-wide) with the servers' ``site/`` shims,
 which give the CPU what an Ascend machine gives sglang's ModelSlim path: sglang's own NPU
-packed-module mapping applied by ``_get_quantization_config``, float32 accepted by ``ModelSlimConfig``, and
-the two Ascend kernels of the W8A8_DYNAMIC linear method on their CPU stand-ins (checked in
-``test/e2e/test_e2e_shims.py``; nothing here runs them: only the build and the load are
-tested). The plugin is registered with sglang's own ``HookRegistry``, or not (stock sglang, the
-baseline: it stops at ``get_moe_scheme``). Expected float values are read from the checkpoint's
-safetensors here, independently of sglang's loaders.
+packed-module mapping applied by ``_get_quantization_config``, float32 accepted by
+``ModelSlimConfig``, and the two Ascend kernels of the W8A8_DYNAMIC linear method on their CPU
+stand-ins (checked in ``test/e2e/test_e2e_shims.py``; nothing here runs them: only the build
+and the load are tested). The plugin is registered with sglang's own ``HookRegistry``, or not
+(stock sglang, the baseline: it stops at ``get_moe_scheme``). Expected float values are read
+from the checkpoint's safetensors here, independently of sglang's loaders.
 """
 
 from __future__ import annotations
