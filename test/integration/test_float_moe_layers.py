@@ -203,3 +203,4 @@ def test_quantized_experts_left_exactly_to_sglang(tmp_path):
     assert hooked["layers"] == stock["layers"]
     assert hooked["layers"]["model.layers.0.mlp.experts"]["method"] == "ModelSlimFusedMoEMethod"
     assert not [m for _, m in hooked["records"] if "FLOAT" in m]
+    assert not [r for r in hooked["records"] if r[0] == "WARNING"], hooked["records"]
