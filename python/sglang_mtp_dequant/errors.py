@@ -111,3 +111,13 @@ class UnservedLayerError(MtpDequantError, ValueError):
     def __init__(self, *, role: str, problem: str, hint: str, details: Sequence[str] = ()) -> None:
         self.role = role  # "target Qwen3_5ForCausalLM", "draft Qwen3_5ForCausalLMMTP"
         super().__init__(subject=role, problem=problem, hint=hint, details=details)
+
+
+class MixedPrecisionLayerError(MtpDequantError, ValueError):
+    """A ModelSlim MoE layer whose experts the description marks part FLOAT, part quantized,
+    which sglang's ModelSlim cannot build right (``serving/float_layers.py``): raised at model
+    build time, before any weight loads."""
+
+    def __init__(self, *, layer: str, problem: str, hint: str, details: Sequence[str] = ()) -> None:
+        self.layer = layer  # the prefix sglang builds it with: "mtp.layers.0.mlp.experts"
+        super().__init__(subject=f"MoE layer {layer}", problem=problem, hint=hint, details=details)

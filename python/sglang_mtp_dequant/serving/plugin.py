@@ -11,10 +11,11 @@ Usage (what ``pip install`` arranges; nothing to call by hand)::
 ``register`` puts an AROUND hook on each draft class's ``load_weights`` (``drafts.py``), two
 hooks on sglang's ``DefaultModelLoader`` (``load.py``: the resolution of the draft's files,
 narrowed inside a draft load), two on its quant config and model build (``target_layers.py``:
-linear layers built unquantized over quantized codes, target and draft) and the Ray launch
-check (``ray_setup.py``). Each hooked draft load is one ``load.DraftLoad``: narrowed to the
-files holding the draft's tensors, planned, streamed through the decoding stream, recorded and
-guarded. What each hook does: ``register``,
+linear layers built unquantized over quantized codes, target and draft), one on ModelSlim's
+``get_quant_method`` (``float_layers.py``: MoE layers the description marks FLOAT built
+unquantized) and the Ray launch check (``ray_setup.py``). Each hooked draft load is one
+``load.DraftLoad``: narrowed to the files holding the draft's tensors, planned, streamed
+through the decoding stream, recorded and guarded. What each hook does: ``register``,
 ``make_load_weights_hook``.
 """
 
@@ -28,7 +29,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import context, releases, target_layers
+from . import context, float_layers, releases, target_layers
 from .drafts import DRAFT_SPECS, DraftSpec
 from .load import LOADER_HOOKS, DraftLoad
 from .ray_setup import register_launch_guard
@@ -99,6 +100,16 @@ def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
             "neither supplied nor refused in this process",
         )
         for target, hook in target_layers.TARGET_HOOKS
+    ]
+    hooks += [
+        (
+            target,
+            hook,
+            class_name,
+            "MoE layers a ModelSlim description marks FLOAT stop sglang's start-up (or, part "
+            "FLOAT, are not refused) in this process",
+        )
+        for target, hook, class_name in float_layers.FLOAT_LAYER_HOOKS
     ]
     for target, hook, class_name, effect in hooks:
         if target in context.registered_targets():

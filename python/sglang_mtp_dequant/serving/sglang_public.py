@@ -50,6 +50,13 @@ PUBLIC_IMPORTS: tuple[PublicImport, ...] = (
         why="the documented plugin API the hooks are registered with",
     ),
     PublicImport(
+        module="sglang.srt.layers.moe.fused_moe_triton",
+        names=("FusedMoE",),
+        used_in=("serving/float_layers.py",),
+        why="which layer ModelSlimConfig.get_quant_method is asked about is a routed-expert "
+        "layer, and its global expert count",
+    ),
+    PublicImport(
         module="sglang.srt.layers.layernorm",
         names=("RMSNorm",),
         used_in=("tools/target_check.py",),

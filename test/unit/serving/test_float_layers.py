@@ -1,0 +1,94 @@
+"""``serving/float_layers.py``'s decision per MoE layer, from descriptions alone (no sglang):
+the committed fixtures' descriptions and hand-made ones. The hook itself, on sglang's real
+classes, is tested in ``test/integration/test_float_moe_layers.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from sglang_mtp_dequant.errors import MixedPrecisionLayerError
+from sglang_mtp_dequant.serving import float_layers
+from support.paths import E2E
+
+MTP = "mtp.layers.0.mlp.experts"
+
+
+def description_of(fixture: str) -> dict:
+    with open(os.path.join(E2E, fixture, "quant_model_description.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_float_experts_fixture_every_expert_layer_built_unquantized():
+    plan = float_layers.moe_layer_plan(description_of("moe_float_experts"))
+    assert plan.built_unquantized == (*(f"model.layers.{i}.mlp.experts" for i in range(4)), MTP)
+    assert plan.refused == () and plan.stock == ()
+    assert plan.stock_fails == plan.built_unquantized
+
+
+def test_quantized_experts_are_left_to_sglang():
+    plan = float_layers.moe_layer_plan(description_of("moe_w8a8"))
+    assert plan.built_unquantized == () and plan.refused == ()
+    assert MTP in plan.stock and len(plan.stock) == 5
+    assert plan.stock_fails == ()
+
+
+def test_a_dense_description_has_no_moe_layer():
+    assert float_layers.moe_layers(description_of("w8a8")) == []
+
+
+def _experts(
+    schemes: dict[int, str], layer: str = MTP, names=("gate_proj", "up_proj", "down_proj")
+):
+    return {f"{layer}.{e}.{p}.weight": s for e, s in schemes.items() for p in names}
+
+
+@pytest.mark.parametrize(
+    "schemes, decision",
+    [
+        ({0: "FLOAT", 1: "FLOAT"}, "built_unquantized"),
+        ({0: "W8A8_DYNAMIC", 1: "W8A8_DYNAMIC"}, "stock"),
+        ({0: "FLOAT", 1: "W8A8_DYNAMIC"}, "refused"),
+        ({0: "W8A8_DYNAMIC", 1: "FLOAT"}, "refused"),  # stock would build it quantized
+        ({0: "W4A8_DYNAMIC", 1: "FLOAT"}, "refused"),
+    ],
+)
+def test_decision_per_layer(schemes, decision):
+    plan = float_layers.moe_layer_plan(_experts(schemes))
+    got = {
+        "built_unquantized": plan.built_unquantized,
+        "stock": plan.stock,
+        "refused": tuple(p.layer for p in plan.refused),
+    }
+    assert got[decision] == (MTP,)
+    assert sum(len(v) for v in got.values()) == 1
+
+
+def test_w13_float_w2_quantized_is_refused():
+    description = {**_experts({0: "FLOAT"}), f"{MTP}.0.down_proj.weight": "W8A8_DYNAMIC"}
+    assert [p.layer for p in float_layers.moe_layer_plan(description).refused] == [MTP]
+
+
+def test_w1_w3_w2_naming_is_read_as_sglang_reads_it():
+    description = _experts({0: "FLOAT", 1: "FLOAT"}, names=("w1", "w3", "w2"))
+    assert float_layers.moe_layer_plan(description).built_unquantized == (MTP,)
+
+
+def test_refusal_names_the_layer_an_example_of_each_precision_and_the_launch():
+    precision = float_layers.ExpertPrecision(MTP, _experts({0: "FLOAT", 1: "W8A8_DYNAMIC"}))
+    error = float_layers.refusal(precision)
+    assert isinstance(error, MixedPrecisionLayerError) and error.layer == MTP
+    text = str(error)
+    assert text.startswith(f"sglang-mtp-dequant: MoE layer {MTP}: ")
+    assert f"{MTP}.0.gate_proj.weight" in text and f"{MTP}.1.gate_proj.weight" in text
+    assert "3 expert projection(s) FLOAT" in text and "3 W8A8_DYNAMIC" in text
+    assert "--speculative-draft-model-quantization unquant" in text
+
+
+def test_refusal_of_a_layer_not_under_mtp_names_both_ways_out():
+    layer = "model.layers.3.mlp.experts"
+    precision = float_layers.ExpertPrecision(layer, _experts({0: "FLOAT", 1: "W8A8"}, layer))
+    hint = float_layers.refusal(precision).hint
+    assert "--speculative-draft-model-quantization unquant" in hint and "re-export" in hint
