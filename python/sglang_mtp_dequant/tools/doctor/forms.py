@@ -16,8 +16,8 @@ user's flags (that is the answer); the table says why, per release.
 
 ``plugin_outcome_for_quantized_draft`` is the plugin's contract for F2 / F4 when the description
 marks layers FLOAT (built unquantized, loaded as stored; a layer part FLOAT stops the start-up
-naming it and the form that works), from the description alone: on merge it is to be answered
-by the serving plugin's own plan, behind this one function.
+naming it and the form that works), from the description alone: for MoE layers it is the
+serving hook's own plan (``serving/float_layers.py``), so the doctor and the server agree.
 """
 
 from __future__ import annotations
@@ -187,32 +187,31 @@ def plugin_outcome_for_quantized_draft(
     draft_class: str,
     is_draft: Callable[[str], bool] | None = None,
 ) -> QuantizedDraftOutcome:
-    """The plugin's answer (its contract) for ``draft_class`` built quantized from a checkpoint
-    described by ``description``: MoE layers whose expert projections are all FLOAT are built
-    unquantized; a MoE layer or fused linear (``FUSED``) part FLOAT, part quantized is refused.
-    ``is_draft``: which description entries are the draft's (default: ``mtp.*``, the Qwen MTP
-    layout; NextN drafts pass their layer's rule). WIRE ON MERGE: the serving plugin's own plan
-    (floatmoe's ``moe_layer_plan``) answers this."""
+    """What the plugin does with ``draft_class`` built quantized from a checkpoint described by
+    ``description``. MoE layers: the serving hook's own decision (``float_layers.moe_layer_plan``,
+    the code that runs in the server): all experts FLOAT built unquantized, part FLOAT refused.
+    A fused linear (``FUSED``) part FLOAT, part quantized is refused too (sglang builds one
+    method per fused layer). ``is_draft``: which description entries are the draft's (default:
+    ``mtp.*``, the Qwen MTP layout; NextN drafts pass their layer's rule)."""
+    from ...serving.float_layers import moe_layer_plan
+
     wanted = is_draft or _is_mtp
-    groups: dict[str, set[str]] = {}
+    plan = moe_layer_plan(description)
+    float_layers = [layer for layer in plan.built_unquantized if wanted(f"{layer}.")]
+    refused = [
+        (p.layer, f"{draft_class}: {p.summary()}") for p in plan.refused if wanted(f"{p.layer}.")
+    ]
+    fused: dict[str, set[str]] = {}
     for name, scheme in description.items():
-        if not isinstance(scheme, str) or not wanted(name):
-            continue
-        expert, proj = _EXPERT.match(name), _PROJ.match(name)
-        if expert:
-            groups.setdefault(expert["layer"], set()).add(scheme)
-        elif proj:
-            fused = next(f for f, parts in FUSED.items() if proj["proj"] in parts)
-            groups.setdefault(f"{proj['module']}.{fused}", set()).add(scheme)
-    float_layers, refused = [], []
-    for layer, schemes in sorted(groups.items()):
+        proj = _PROJ.match(name) if isinstance(scheme, str) and wanted(name) else None
+        if proj and not _EXPERT.match(name):
+            layer = next(f for f, parts in FUSED.items() if proj["proj"] in parts)
+            fused.setdefault(f"{proj['module']}.{layer}", set()).add(str(scheme))
+    for layer, schemes in sorted(fused.items()):
         if FLOAT in schemes and len(schemes) > 1:
-            refused.append(
-                (layer, f"{draft_class}: part FLOAT, part {'/'.join(sorted(schemes - {FLOAT}))}")
-            )
-        elif schemes == {FLOAT} and layer.endswith(".experts"):
-            float_layers.append(layer)
-    return QuantizedDraftOutcome(tuple(float_layers), tuple(refused))
+            quantized = "/".join(sorted(schemes - {FLOAT}))
+            refused.append((layer, f"{draft_class}: part FLOAT, part {quantized}"))
+    return QuantizedDraftOutcome(tuple(float_layers), tuple(sorted(refused)))
 
 
 def built_as_plugin_builds(outcome: QuantizedDraftOutcome) -> Callable[[Any], None]:
