@@ -101,8 +101,9 @@ LOAD = """
 #: language-model linear layer through its nested mapping merged over the model class's own
 #: top-level packed entries (main's modelslim.py: ``get_packed_modules_mapping_subset``,
 #: ``iter_packed_linear_prefixes``, the ``is_layer_skipped(prefix, self.packed_modules_mapping)``
-#: fallback; pinned by main's test_modelslim_config.py::test_resolves_qwen35_gdn_packed_projections),
-#: written here over 0.5.23's own skip check, prefix resolution and scheme table.
+#: fallback; pinned by main's test_modelslim_config.py::
+#: test_resolves_qwen35_gdn_packed_projections), written here over 0.5.23's own skip check,
+#: prefix resolution and scheme table.
 LATER_SGLANG = """
 from sglang.srt.layers.linear import LinearBase
 from sglang.srt.layers.quantization.modelslim import modelslim as _modelslim

@@ -13,12 +13,12 @@ quantizes their shards; the fused layer then gets the unquantized method and its
 load as weights: the target serves garbage, silently. For the target, and a draft built
 quantized: after ``_get_quantization_config`` a packed name of the model class the nested
 mapping lacks, whose shards the description quantizes, is added unless sglang's own config
-already resolves it (a later sglang falls back to the class's packed entries:
-``resolved_by_sglang``) (one INFO line; nothing is touched otherwise); after ``_initialize_model``, before any weight is read, every linear layer
-still unquantized over quantized shards stops the start-up with ``UnservedLayerError`` naming
-layers, shards, schemes and what to do (docs/layouts.md, "Target layers"). A model built
-without a quant config (a draft built unquantized) is ``plugin.py``'s: sglang reads no
-description for it.
+already resolves it (``resolved_by_sglang``: a later sglang falls back to the class's packed
+entries) (one INFO line; nothing is touched otherwise); after ``_initialize_model``, before
+any weight is read, every linear layer still unquantized over quantized shards stops the
+start-up with ``UnservedLayerError`` naming layers, shards, schemes and what to do
+(docs/layouts.md, "Target layers"). A model built without a quant config (a draft built
+unquantized) is ``plugin.py``'s: sglang reads no description for it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UnservedLayerError
-from ..formats.layer_shards import ShardScheme, WEIGHT, is_quantized, quantized_leaves, shard_schemes
+from ..formats.layer_shards import (
+    WEIGHT,
+    ShardScheme,
+    is_quantized,
+    quantized_leaves,
+    shard_schemes,
+)
 from . import context, sglang_private
 from .parameter_names import DEFAULT_PACKED
 
