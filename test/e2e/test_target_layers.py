@@ -46,6 +46,8 @@ LOAD = """
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     cpu_sglang.prepare_cpu_process(FOLDER, quantization="modelslim", dtype="float32")
+    if LATER:
+        exec(LATER_SGLANG)
     if PLUGIN:
         plugin.register()
         HookRegistry.apply_hooks()
@@ -95,9 +97,48 @@ LOAD = """
 """
 
 
-def load(folder: str, plugin: bool) -> tuple[dict, str]:
-    """sglang's load of ``folder`` as the target, as on NPU: the script's JSON and stderr."""
-    code = f"FOLDER = {folder!r}\nPLUGIN = {plugin!r}\n" + textwrap.dedent(LOAD)
+#: Stands for a later sglang, NOT the code under test: sglang main's ModelSlimConfig resolves a
+#: language-model linear layer through its nested mapping merged over the model class's own
+#: top-level packed entries (main's modelslim.py: ``get_packed_modules_mapping_subset``,
+#: ``iter_packed_linear_prefixes``, the ``is_layer_skipped(prefix, self.packed_modules_mapping)``
+#: fallback; pinned by main's test_modelslim_config.py::
+#: test_resolves_qwen35_gdn_packed_projections), written here over 0.5.23's own skip check,
+#: prefix resolution and scheme table.
+LATER_SGLANG = """
+from sglang.srt.layers.linear import LinearBase
+from sglang.srt.layers.quantization.modelslim import modelslim as _modelslim
+from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+_stock_get_quant_method = _modelslim.ModelSlimConfig.get_quant_method
+
+def _later_get_quant_method(self, layer, prefix):
+    if not isinstance(layer, LinearBase) or "vision" in prefix or "visual" in prefix:
+        return _stock_get_quant_method(self, layer, prefix)
+    mapping = self.packed_modules_mapping
+    flat = {name: shards for name, shards in mapping.items() if isinstance(shards, list)}
+    subset = {**flat, **mapping.get("model", {})}
+    if self.is_layer_skipped(prefix, subset):
+        return UnquantizedLinearMethod()
+    proj = prefix.split(".")[-1]
+    for candidate in [prefix] + [prefix.replace(proj, s) for s in subset.get(proj, [])]:
+        candidate = self._resolve_quant_prefix(candidate)
+        if self.quant_description.get(candidate + ".weight", "") not in ("", "FLOAT"):
+            layer.scheme = self.get_linear_scheme(layer, candidate)
+            if layer.scheme is not None:
+                return _modelslim.ModelSlimLinearMethod(self)
+    return UnquantizedLinearMethod()
+
+_modelslim.ModelSlimConfig.get_quant_method = _later_get_quant_method
+"""
+
+
+def load(folder: str, plugin: bool, later: bool = False) -> tuple[dict, str]:
+    """sglang's load of ``folder`` as the target, as on NPU: the script's JSON and stderr
+    (``later``: with ``LATER_SGLANG``'s resolution in sglang's ModelSlimConfig)."""
+    code = (
+        f"FOLDER = {folder!r}\nPLUGIN = {plugin!r}\nLATER = {later!r}\n"
+        f"LATER_SGLANG = {LATER_SGLANG!r}\n" + textwrap.dedent(LOAD)
+    )
     out = run_python(code, shims=True)
     return result_of(out), out.stderr
 
@@ -237,3 +278,25 @@ def test_a_layer_no_modelslim_method_takes_is_refused_before_any_weight_loads(tm
         assert GDN.format(i, "in_proj_qkvz") in message
     assert "model.layers.0.linear_attn.in_proj_qkv (W8A16)" in message
     assert "What to do:" in message and "FLOAT" in message
+
+
+def test_where_sglang_resolves_the_gdn_names_itself_the_plugin_supplies_nothing():
+    """With ``LATER_SGLANG`` (a stand-in for sglang main's fallback to the class's own packed
+    entries, not the code under test) sglang's config already builds ``in_proj_qkvz`` with its
+    W8A8 scheme: the plugin, asking that config as sglang does, adds nothing to the nested
+    mapping and logs nothing, and the model it lets sglang build is the one stock builds, with
+    the fused GDN projection quantized. On 0.5.23 itself the plugin supplies the names
+    (``test_the_plugin_builds_the_fused_gdn_projection_with_modelslims_w8a8_scheme``)."""
+    (stock, _), (with_plugin, stderr) = load(Q36, False, later=True), load(Q36, True, later=True)
+    for result in (stock, with_plugin):
+        assert "in_proj_qkvz" not in result["nested"] and "in_proj_ba" not in result["nested"]
+        assert result["unserved"] == []
+        for i in gdn_layers():
+            layer = result["layers"][GDN.format(i, "in_proj_qkvz")]
+            assert [layer["method"], layer["scheme"]] == [
+                "ModelSlimLinearMethod",
+                "ModelSlimW8A8Int8",
+            ]
+    assert with_plugin["layers"] == stock["layers"]
+    assert with_plugin["mapping_is_the_class_dict"]
+    assert "sglang-mtp-dequant:" not in stderr

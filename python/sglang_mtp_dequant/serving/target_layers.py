@@ -12,12 +12,13 @@ packed-module mapping sglang 0.5.23 writes on NPU, which lacks fused layers of s
 quantizes their shards; the fused layer then gets the unquantized method and its int8 codes
 load as weights: the target serves garbage, silently. For the target, and a draft built
 quantized: after ``_get_quantization_config`` a packed name of the model class the nested
-mapping lacks, whose shards the description quantizes, is added (one INFO line; nothing is
-touched otherwise); after ``_initialize_model``, before any weight is read, every linear layer
-still unquantized over quantized shards stops the start-up with ``UnservedLayerError`` naming
-layers, shards, schemes and what to do (docs/layouts.md, "Target layers"). A model built
-without a quant config (a draft built unquantized) is ``plugin.py``'s: sglang reads no
-description for it.
+mapping lacks, whose shards the description quantizes, is added unless sglang's own config
+already resolves it (``resolved_by_sglang``: a later sglang falls back to the class's packed
+entries) (one INFO line; nothing is touched otherwise); after ``_initialize_model``, before
+any weight is read, every linear layer still unquantized over quantized shards stops the
+start-up with ``UnservedLayerError`` naming layers, shards, schemes and what to do
+(docs/layouts.md, "Target layers"). A model built without a quant config (a draft built
+unquantized) is ``plugin.py``'s: sglang reads no description for it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UnservedLayerError
-from ..formats.layer_shards import ShardScheme, quantized_leaves, shard_schemes
+from ..formats.layer_shards import (
+    WEIGHT,
+    ShardScheme,
+    is_quantized,
+    quantized_leaves,
+    shard_schemes,
+)
 from . import context, sglang_private
 from .parameter_names import DEFAULT_PACKED
 
@@ -64,7 +71,8 @@ def flat_entries(mapping: Mapping[str, Any]) -> dict[str, list[str]]:
 
 def missing_packed_names(quant_config: Any) -> dict[str, list[str]]:
     """The class's packed names sglang's nested ``model`` mapping lacks while the description
-    quantizes one of their shards; empty when sglang gave no nested mapping (off NPU)."""
+    quantizes one of their shards and sglang's own lookup does not resolve them
+    (``resolved_by_sglang``); empty when sglang gave no nested mapping (off NPU)."""
     if not is_modelslim(quant_config):
         return {}
     mapping = quant_config.packed_modules_mapping or {}
@@ -76,7 +84,59 @@ def missing_packed_names(quant_config: Any) -> dict[str, list[str]]:
         return {}
     leaves = {shard for shards in missing.values() for shard in shards}
     quantized = quantized_leaves(quant_config.quant_description, leaves)
-    return {name: shards for name, shards in missing.items() if quantized.intersection(shards)}
+    return {
+        name: shards
+        for name, shards in missing.items()
+        if quantized.intersection(shards) and not resolved_by_sglang(quant_config, name, shards)
+    }
+
+
+def fused_prefix(description: Mapping[str, Any], name: str, shards: Sequence[str]) -> str | None:
+    """A prefix of fused layer ``name`` the description quantizes: the first quantized entry of
+    one of its ``shards``, with the shard's name replaced by ``name``."""
+    suffixes = tuple(f".{shard}{WEIGHT}" for shard in shards)
+    for key in description:
+        if key.endswith(suffixes) and is_quantized(description[key]):
+            return f"{key[: -len(WEIGHT)].rpartition('.')[0]}.{name}"
+    return None
+
+
+def _dropped(record: logging.LogRecord) -> bool:
+    return False
+
+
+def resolved_by_sglang(quant_config: Any, name: str, shards: Sequence[str]) -> bool:
+    """Whether sglang's own config, with the mapping it has now, builds fused layer ``name``
+    with a ModelSlim scheme: asked as sglang asks when it builds the layer
+    (``get_quant_method`` for a ``LinearBase`` of a prefix the description quantizes).
+
+    Why by behaviour: sglang 0.5.14-0.5.23 answer with the unquantized method (or, 0.5.14, a
+    method with no scheme) and the plugin supplies ``name``; a later sglang whose
+    ``ModelSlimConfig`` falls back to the model class's own packed entries (sglang's
+    ``test_resolves_qwen35_gdn_packed_projections``) answers with a scheme, and the plugin
+    steps aside. The probe layer is a bare ``LinearBase``, as sglang's own test builds it; an
+    exception from sglang's lookup counts as "not resolved", and sglang raises it again at the
+    real build if supplying does not cure it. What sglang's config logs while asked is dropped:
+    the probe is not a layer sglang builds (0.5.23 would warn of an unsupported scheme)."""
+    prefix = fused_prefix(quant_config.quant_description, name, shards)
+    if prefix is None:
+        return False
+    import torch
+    from sglang.srt.layers.linear import LinearBase
+    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+    probe = LinearBase.__new__(LinearBase)
+    torch.nn.Module.__init__(probe)
+    config_logger = logging.getLogger(type(quant_config).__module__)
+    config_logger.addFilter(_dropped)
+    try:
+        method = quant_config.get_quant_method(probe, prefix)
+    except Exception:  # noqa: BLE001 - any failure of sglang's lookup: it does not resolve it
+        return False
+    finally:
+        config_logger.removeFilter(_dropped)
+    quantized = method is not None and not isinstance(method, UnquantizedLinearMethod)
+    return quantized and getattr(probe, "scheme", None) is not None
 
 
 def supply_packed_names(quant_config: Any) -> dict[str, list[str]]:
