@@ -56,6 +56,11 @@ NPU_PIECE = (
     re.compile(r"'_OpNamespace' 'npu' object has no attribute '(\w+)'"),
     re.compile(r"No module named '(torch_npu[\w.]*)'"),
 )
+#: an NPU-only piece sglang names in its own words: ModelSlim's MoE schemes run their experts
+#: through the ``ascend`` MoE runner (``ModelSlimMoEMethod.create_moe_runner``), whose
+#: permutes are registered for the NPU's ``ascend_tp`` token dispatcher only
+#: (``moe_runner/ascend.py``); off an NPU the dispatcher is ``standard``
+ASCEND_RUNNER = re.compile(r"Pre-permute function for (\w+) to ascend is not registered")
 #: exception lines that wrap the real one (the launcher's, after a scheduler died)
 WRAPPERS = (
     "scheduler is dead",
@@ -175,7 +180,14 @@ def exception_line(log_text: str) -> str | None:
 
 
 def npu_piece(log_text: str, error: str | None) -> str | None:
-    """The Ascend operator or package the stopping exception names (``torch.ops.npu.X``)."""
+    """The Ascend operator or package the stopping exception names (``torch.ops.npu.X``), or
+    sglang's Ascend MoE runner."""
+    runner = ASCEND_RUNNER.search(error or "")
+    if runner:
+        return (
+            "sglang's `ascend` MoE runner (ModelSlim MoE schemes; registered for the NPU's "
+            f"`ascend_tp` token dispatcher only, here `{runner.group(1)}`)"
+        )
     for text in (error or "", log_text):
         for pattern in NPU_PIECE:
             match = pattern.search(text)
@@ -233,7 +245,8 @@ def describe(cell: Cell) -> str:
         tokens = sum(int(g.meta.get("completion_tokens", 0)) for g in cell.generations)
         return f"**{length:.3f}** ({tokens}/{steps})"
     if cell.npu_piece:
-        return f"NPU-only: `{cell.npu_piece}` has no CPU stand-in (`{cell.error}`)"
+        piece = cell.npu_piece if "`" in cell.npu_piece else f"`{cell.npu_piece}`"
+        return f"NPU-only: {piece}, no CPU stand-in (`{cell.error}`)"
     return f"stops: `{cell.error}`"
 
 
@@ -312,13 +325,73 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", default=None, help="write every cell here")
     parser.add_argument("--markdown", default=None, help="write the table here")
     parser.add_argument("--start-timeout", type=float, default=900.0, help="seconds per server")
+    parser.add_argument(
+        "--from-json",
+        nargs="+",
+        default=None,
+        help="start nothing: the table of earlier runs' --json files (each stopped server's "
+        "cell read again from its log)",
+    )
     return parser.parse_args(argv)
+
+
+def load_cells(path: str) -> tuple[str, list[tuple[Fixture, dict[str, Cell], list[str]]]]:
+    """An earlier run's machine line and cells, from its ``--json``; a stopped server's error
+    and NPU-only piece are read again from its log (the reading may have improved since)."""
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    loaded = []
+    for entry in data["fixtures"]:
+        folder = entry["fixture"]
+        fixture = Fixture(os.path.basename(folder), folder, entry["float"])
+        labels = [c["label"] for c in entry["cells"]]
+        forms = [name for name in sorted(FORMS) if f"{name}-off" in labels]
+        runs = dict(fixture_runs(fixture, forms))
+        cells = {}
+        for saved in entry["cells"]:
+            cell = Cell(saved["label"], runs[saved["label"]], log_path=saved["log"])
+            cell.start_seconds = saved["start_seconds"]
+            cell.generations = [
+                Generation(ids, meta)
+                for ids, meta in zip(saved["output_ids"], saved["meta_info"], strict=True)
+            ]
+            cell.error, cell.npu_piece = saved["error"], saved["npu_piece"]
+            text = _read(cell.log_path)
+            if cell.error is not None and text:
+                cell.error = exception_line(text) or cell.error
+                cell.npu_piece = npu_piece(text, cell.error)
+            cells[cell.label] = cell
+        loaded.append((fixture, cells, forms))
+    return data["machine"], loaded
+
+
+def render(paths: list[str], args) -> int:
+    """``--from-json``: one table of every fixture of ``paths``, nothing started."""
+    rows, failures, machines = list(HEADER), [], []
+    for path in paths:
+        machine, loaded = load_cells(path)
+        machines.append(machine)
+        for fixture, cells, forms in loaded:
+            rows += fixture_rows(fixture, cells, forms)
+            failures += failures_of(fixture, cells, forms)
+    table = "\n".join(rows)
+    footer = "; ".join(sorted(set(machines)))
+    say(table + "\n\n" + footer)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as handle:
+            handle.write(table + "\n")
+    for failure in failures:
+        say(f"FAILED: {failure}")
+    say(f"e2e-forms tables={len(paths)} {'FAILED' if failures else 'passed'}")
+    return 1 if failures else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     from e2e.run import machine_line
 
     args = parse_args(argv)
+    if args.from_json:
+        return render(args.from_json, args)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     fixtures = [parse_fixture(spec) for spec in (args.fixtures or default_fixtures())]

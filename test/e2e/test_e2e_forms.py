@@ -147,3 +147,40 @@ def test_wrong_tokens_or_a_plugin_cell_under_the_bound_fail_the_table(cells):
     assert forms.failures_of(fixture, cells, ["F1", "F2"])[0] == (
         "x: the float run stopped: RuntimeError: boom"
     )
+
+
+RUNNER = """\
+[2026-12-07 08:45:10] Scheduler hit an exception: Traceback (most recent call last):
+  File "/v/sglang/srt/layers/moe/moe_runner/base.py", line 269, in get_pre_permute
+    assert pre_permute_func is not None, (
+AssertionError: Pre-permute function for standard to ascend is not registered
+"""
+
+
+def test_sglangs_ascend_moe_runner_is_named_as_the_npu_only_piece():
+    error = forms.exception_line(RUNNER)
+    piece = forms.npu_piece(RUNNER, error)
+    assert piece.startswith("sglang's `ascend` MoE runner") and "here `standard`" in piece
+
+
+def test_a_saved_table_is_rendered_again_with_each_stopped_cell_read_from_its_log(cells, tmp_path):
+    log = tmp_path / "server-F2-off.log"
+    log.write_text(RUNNER)
+    cells["F2-off"].log_path = str(log)
+    saved = {
+        "machine": "machine: test",
+        "fixtures": [
+            {
+                "fixture": "/m",
+                "float": "/f",
+                "cells": [cell.to_json() for cell in cells.values()],
+            }
+        ],
+    }
+    path = tmp_path / "forms.json"
+    path.write_text(__import__("json").dumps(saved))
+    machine, [(fixture, loaded, names)] = forms.load_cells(str(path))
+    assert machine == "machine: test" and names == ["F1", "F2"] and fixture.name == "m"
+    assert loaded["F1-on"].accept_length == cells["F1-on"].accept_length
+    assert loaded["F2-off"].error.startswith("AssertionError: Pre-permute")
+    assert loaded["F2-off"].npu_piece.startswith("sglang's `ascend` MoE runner")
