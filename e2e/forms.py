@@ -157,45 +157,56 @@ def fixture_runs(fixture: Fixture, forms: list[str]) -> list[tuple[str, ServerRu
     return runs
 
 
-def exception_line(log_text: str) -> str | None:
-    """The first line of the last exception of the real traceback in a server's log: the
-    last traceback whose exception is not a wrapper the launcher raises after a child died."""
+def tracebacks(log_text: str) -> list[tuple[str, str]]:
+    """Each traceback in a server's log: its frames' text and its exception's first line."""
     lines = log_text.splitlines()
-    found: list[str] = []
+    found: list[tuple[str, str]] = []
     index = 0
     while index < len(lines):
         if TRACEBACK not in lines[index]:
             index += 1
             continue
-        index += 1
+        start = index = index + 1
         while index < len(lines) and (not lines[index].strip() or lines[index][0].isspace()):
             index += 1
         if index < len(lines):
-            found.append(lines[index].strip())
+            found.append(("\n".join(lines[start:index]), lines[index].strip()))
         index += 1
-    real = [line for line in found if not any(w in line for w in WRAPPERS)]
-    if real:
-        return real[-1]
-    return found[-1] if found else None
+    return found
+
+
+def _real(log_text: str) -> tuple[str, str] | None:
+    """The real traceback: the last whose exception is not a wrapper the launcher raises
+    after a child died (else the last one)."""
+    found = tracebacks(log_text)
+    real = [tb for tb in found if not any(w in tb[1] for w in WRAPPERS)]
+    return (real or found or [None])[-1]
+
+
+def exception_line(log_text: str) -> str | None:
+    """The first line of the last exception of the real traceback in a server's log."""
+    real = _real(log_text)
+    return None if real is None else real[1]
 
 
 def npu_piece(log_text: str, error: str | None) -> str | None:
-    """The Ascend operator or package the stopping exception names (``torch.ops.npu.X``), or
-    sglang's Ascend MoE runner."""
+    """The Ascend operator or package the real traceback stops in (``torch.ops.npu.X``), or
+    sglang's Ascend MoE runner; None if it names none (the log's other lines, such as the
+    stand-ins' announcements, are not read)."""
     runner = ASCEND_RUNNER.search(error or "")
     if runner:
         return (
             "sglang's `ascend` MoE runner (ModelSlim MoE schemes; registered for the NPU's "
             f"`ascend_tp` token dispatcher only, here `{runner.group(1)}`)"
         )
-    for text in (error or "", log_text):
+    real = _real(log_text)
+    frames = real[0] if real is not None and real[1] == error else ""
+    for text in (error or "", frames):
         for pattern in NPU_PIECE:
             match = pattern.search(text)
             if match:
                 name = match.group(1)
                 return name if name.startswith("torch_npu") else f"torch.ops.npu.{name}"
-        if error is None:
-            break
     return None
 
 
@@ -219,6 +230,7 @@ def serve(label: str, run: ServerRun, prompts, new_tokens: int, args, log_dir: s
             for prompt in prompts:
                 cell.generations.append(generate(server.url, prompt, new_tokens))
     except (ServerError, OSError) as exc:
+        cell.start_seconds = time.perf_counter() - started  # until it stopped
         text = _read(cell.log_path)
         cell.generations = []
         cell.error = exception_line(text) or str(exc).splitlines()[0]

@@ -184,3 +184,18 @@ def test_a_saved_table_is_rendered_again_with_each_stopped_cell_read_from_its_lo
     assert loaded["F1-on"].accept_length == cells["F1-on"].accept_length
     assert loaded["F2-off"].error.startswith("AssertionError: Pre-permute")
     assert loaded["F2-off"].npu_piece.startswith("sglang's `ascend` MoE runner")
+
+
+def test_the_stand_ins_announcements_are_not_taken_for_the_stopping_piece():
+    shim = (
+        "sglang-mtp-dequant e2e shim: registered CPU stand-ins for torch.ops.npu.npu_dynamic_quant"
+    )
+    log = shim + "\n" + SCHEDULER_DIED
+    assert forms.npu_piece(log, forms.exception_line(log)) is None
+    frames_only = NPU_OP.replace(
+        "AttributeError: '_OpNamespace' 'npu' object has no attribute 'npu_moe_init_routing'",
+        "RuntimeError: an operator failed",
+    )
+    assert forms.npu_piece(frames_only, forms.exception_line(frames_only)) == (
+        "torch.ops.npu.npu_moe_init_routing"
+    )
