@@ -338,6 +338,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--markdown", default=None, help="write the table here")
     parser.add_argument("--start-timeout", type=float, default=900.0, help="seconds per server")
     parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        help="start only these cells (float, reference-off, F2-on, ...); --from-json merges "
+        "their --json over an earlier run's",
+    )
+    parser.add_argument(
         "--from-json",
         nargs="+",
         default=None,
@@ -357,7 +364,7 @@ def load_cells(path: str) -> tuple[str, list[tuple[Fixture, dict[str, Cell], lis
         folder = entry["fixture"]
         fixture = Fixture(os.path.basename(folder), folder, entry["float"])
         labels = [c["label"] for c in entry["cells"]]
-        forms = [name for name in sorted(FORMS) if f"{name}-off" in labels]
+        forms = [n for n in sorted(FORMS) if f"{n}-off" in labels or f"{n}-on" in labels]
         runs = dict(fixture_runs(fixture, forms))
         cells = {}
         for saved in entry["cells"]:
@@ -380,12 +387,19 @@ def load_cells(path: str) -> tuple[str, list[tuple[Fixture, dict[str, Cell], lis
 def render(paths: list[str], args) -> int:
     """``--from-json``: one table of every fixture of ``paths``, nothing started."""
     rows, failures, machines = list(HEADER), [], []
-    for path in paths:
+    merged: dict[str, tuple[Fixture, dict[str, Cell], list[str]]] = {}
+    for path in paths:  # a later file's cells replace an earlier one's (--only reruns)
         machine, loaded = load_cells(path)
         machines.append(machine)
         for fixture, cells, forms in loaded:
-            rows += fixture_rows(fixture, cells, forms)
-            failures += failures_of(fixture, cells, forms)
+            if fixture.folder in merged:
+                _, earlier, earlier_forms = merged[fixture.folder]
+                cells = {**earlier, **cells}
+                forms = sorted(set(earlier_forms) | set(forms))
+            merged[fixture.folder] = (fixture, cells, forms)
+    for fixture, cells, forms in merged.values():
+        rows += fixture_rows(fixture, cells, forms)
+        failures += failures_of(fixture, cells, forms)
     table = "\n".join(rows)
     footer = "; ".join(sorted(set(machines)))
     say(table + "\n\n" + footer)
@@ -425,11 +439,14 @@ def main(argv: list[str] | None = None) -> int:
             cells: dict[str, Cell] = {}
             log_dir = os.path.join(args.log_dir, fixture.name)
             for label, run in fixture_runs(fixture, args.forms):
+                if args.only and label not in args.only:
+                    continue
                 cell = serve(label, run, prompts, args.new_tokens, args, log_dir)
                 cells[label] = cell
                 say(f"{fixture.name} {label}: {describe(cell)} (up in {cell.start_seconds:.0f} s)")
-            rows += fixture_rows(fixture, cells, args.forms)
-            failures += failures_of(fixture, cells, args.forms)
+            if not args.only:
+                rows += fixture_rows(fixture, cells, args.forms)
+                failures += failures_of(fixture, cells, args.forms)
             written.append(
                 {
                     "fixture": fixture.folder,

@@ -66,7 +66,10 @@ CPU_FLAGS = (
     "--disable-overlap-schedule",
     "--mamba-radix-cache-strategy", "no_buffer",
     "--disable-radix-cache",
-    "--mem-fraction-static", "0.05",
+    # of the memory free at start-up (on a CPU: the host's); what other processes allocate
+    # while the weights load counts against it, so 0.05 failed on a shared machine
+    # ("Loaded weights leave no GPU memory for the KV cache"); --max-total-tokens caps the pool
+    "--mem-fraction-static", "0.15",
     "--max-total-tokens", "8192",
     "--max-running-requests", "8",
     "--context-length", "1024",

@@ -199,3 +199,23 @@ def test_the_stand_ins_announcements_are_not_taken_for_the_stopping_piece():
     assert forms.npu_piece(frames_only, forms.exception_line(frames_only)) == (
         "torch.ops.npu.npu_moe_init_routing"
     )
+
+
+def test_a_rerun_cell_replaces_the_earlier_runs_cell_when_tables_are_merged(cells, tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    def saved(chosen: dict) -> dict:
+        cells_json = [cell.to_json() for cell in chosen.values()]
+        return {"machine": "m", "fixtures": [{"fixture": "/m", "float": "/f", "cells": cells_json}]}
+
+    first = dict(cells, **{"F2-on": cell("F2-on", (), None, error="ValueError: memory")})
+    rerun = {"F2-on": cells["F2-on"]}
+    paths = [tmp_path / "first.json", tmp_path / "rerun.json"]
+    for path, chosen in zip(paths, (first, rerun), strict=True):
+        path.write_text(json.dumps(saved(chosen)))
+    args = SimpleNamespace(markdown=str(tmp_path / "t.md"))
+    assert forms.render([str(p) for p in paths], args) == 0
+    table = (tmp_path / "t.md").read_text()
+    f2_on = next(r for r in table.splitlines() if r.startswith("| m | F2 ") and "| on |" in r)
+    assert "**2.000** (16/8)" in f2_on and "memory" not in table
