@@ -256,13 +256,28 @@ def describe(cell: Cell) -> str:
         steps = sum(int(g.meta.get("spec_verify_ct", 0)) for g in cell.generations)
         tokens = sum(int(g.meta.get("completion_tokens", 0)) for g in cell.generations)
         return f"**{length:.3f}** ({tokens}/{steps})"
+    if cell.error == NOT_RUN:
+        return NOT_RUN
     if cell.npu_piece:
         piece = cell.npu_piece if "`" in cell.npu_piece else f"`{cell.npu_piece}`"
         return f"NPU-only: {piece}, no CPU stand-in (`{cell.error}`)"
     return f"stops: `{cell.error}`"
 
 
+#: the error of a cell an interrupted table never started
+NOT_RUN = "not run (the table was stopped before it)"
+
+
+def complete(fixture: Fixture, cells: dict[str, Cell], forms: list[str]) -> dict[str, Cell]:
+    """``cells`` with every cell of the fixture's rows, the missing ones ``NOT_RUN``."""
+    return {
+        label: cells.get(label) or Cell(label, run, error=NOT_RUN)
+        for label, run in fixture_runs(fixture, forms)
+    }
+
+
 def fixture_rows(fixture: Fixture, cells: dict[str, Cell], forms: list[str]) -> list[str]:
+    cells = complete(fixture, cells, forms)
     floating = cells["float"]
     ceiling = floating.accept_length if floating.served else None
     rows = [
@@ -296,7 +311,8 @@ HEADER = (
 
 def failures_of(fixture: Fixture, cells: dict[str, Cell], forms: list[str]) -> list[str]:
     """What makes the table fail (see the module docstring)."""
-    out = []
+    cells = complete(fixture, cells, forms)
+    out = [f"{fixture.name} {c.label}: {NOT_RUN}" for c in cells.values() if c.error == NOT_RUN]
     floating = cells["float"]
     if not floating.served:
         out.append(f"{fixture.name}: the float run stopped: {floating.error}")
@@ -438,22 +454,20 @@ def main(argv: list[str] | None = None) -> int:
         for fixture in fixtures:
             cells: dict[str, Cell] = {}
             log_dir = os.path.join(args.log_dir, fixture.name)
+            entry = {"fixture": fixture.folder, "float": fixture.float_folder, "cells": []}
+            written.append(entry)
             for label, run in fixture_runs(fixture, args.forms):
                 if args.only and label not in args.only:
                     continue
                 cell = serve(label, run, prompts, args.new_tokens, args, log_dir)
                 cells[label] = cell
                 say(f"{fixture.name} {label}: {describe(cell)} (up in {cell.start_seconds:.0f} s)")
+                # each cell kept as it comes: an interrupted table renders with --from-json
+                entry["cells"].append(cell.to_json())
+                _write_json(args, written, failures, machine)
             if not args.only:
                 rows += fixture_rows(fixture, cells, args.forms)
                 failures += failures_of(fixture, cells, args.forms)
-            written.append(
-                {
-                    "fixture": fixture.folder,
-                    "float": fixture.float_folder,
-                    "cells": [cell.to_json() for cell in cells.values()],
-                }
-            )
     except KeyboardInterrupt:
         print("e2e.forms: interrupted; every server started has been stopped", flush=True)
         return 130
@@ -476,6 +490,10 @@ def _write(args, table: str, footer: str, written: list, failures: list, machine
         os.makedirs(os.path.dirname(os.path.abspath(args.markdown)), exist_ok=True)
         with open(args.markdown, "w", encoding="utf-8") as handle:
             handle.write(table + "\n\n" + footer + "\n")
+    _write_json(args, written, failures, machine)
+
+
+def _write_json(args, written: list, failures: list, machine: str) -> None:
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w", encoding="utf-8") as handle:

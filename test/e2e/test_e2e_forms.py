@@ -219,3 +219,11 @@ def test_a_rerun_cell_replaces_the_earlier_runs_cell_when_tables_are_merged(cell
     table = (tmp_path / "t.md").read_text()
     f2_on = next(r for r in table.splitlines() if r.startswith("| m | F2 ") and "| on |" in r)
     assert "**2.000** (16/8)" in f2_on and "memory" not in table
+
+
+def test_a_table_stopped_part_way_shows_and_fails_each_cell_it_never_started(cells):
+    fixture = forms.Fixture("x", "/m", "/f")
+    del cells["F2-on"]
+    rows = forms.fixture_rows(fixture, cells, ["F1", "F2"])
+    assert any(r.startswith("| x | F2 ") and forms.NOT_RUN in r for r in rows)
+    assert forms.failures_of(fixture, cells, ["F1", "F2"]) == [f"x F2-on: {forms.NOT_RUN}"]
