@@ -357,8 +357,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--only",
         nargs="+",
         default=None,
-        help="start only these cells (float, reference-off, F2-on, ...); --from-json merges "
-        "their --json over an earlier run's",
+        help="start only these cells, in this order (float, reference-off, F2-on, ...); "
+        "--from-json merges their --json over an earlier run's",
     )
     parser.add_argument(
         "--from-json",
@@ -456,9 +456,9 @@ def main(argv: list[str] | None = None) -> int:
             log_dir = os.path.join(args.log_dir, fixture.name)
             entry = {"fixture": fixture.folder, "float": fixture.float_folder, "cells": []}
             written.append(entry)
-            for label, run in fixture_runs(fixture, args.forms):
-                if args.only and label not in args.only:
-                    continue
+            runs = dict(fixture_runs(fixture, args.forms))
+            for label in args.only or list(runs):  # --only: in the order given
+                run = runs[label]
                 cell = serve(label, run, prompts, args.new_tokens, args, log_dir)
                 cells[label] = cell
                 say(f"{fixture.name} {label}: {describe(cell)} (up in {cell.start_seconds:.0f} s)")
