@@ -195,10 +195,7 @@ def npu_piece(log_text: str, error: str | None) -> str | None:
     stand-ins' announcements, are not read)."""
     runner = ASCEND_RUNNER.search(error or "")
     if runner:
-        return (
-            "sglang's `ascend` MoE runner (ModelSlim MoE schemes; registered for the NPU's "
-            f"`ascend_tp` token dispatcher only, here `{runner.group(1)}`)"
-        )
+        return f"sglang's `ascend` MoE runner (NPU dispatcher only, here `{runner.group(1)}`)"
     real = _real(log_text)
     frames = real[0] if real is not None and real[1] == error else ""
     for text in (error or "", frames):

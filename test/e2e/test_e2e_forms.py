@@ -160,7 +160,7 @@ AssertionError: Pre-permute function for standard to ascend is not registered
 def test_sglangs_ascend_moe_runner_is_named_as_the_npu_only_piece():
     error = forms.exception_line(RUNNER)
     piece = forms.npu_piece(RUNNER, error)
-    assert piece.startswith("sglang's `ascend` MoE runner") and "here `standard`" in piece
+    assert piece.startswith("sglang's `ascend` MoE runner") and "here `standard`)" in piece
 
 
 def test_a_saved_table_is_rendered_again_with_each_stopped_cell_read_from_its_log(cells, tmp_path):
