@@ -650,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
     stock_agreement = target_agreement(by_label, TARGET_AGREE["stock"])
     say("")
     say(table(results))
-    for who, agreed in (("plugin on", agreement), ("stock sglang", stock_agreement)):
+    reference_who = "the branch's tree, plugin off" if plan.form == "upstream" else "plugin on"
+    for who, agreed in ((reference_who, agreement), ("stock sglang", stock_agreement)):
         if agreed is not None:
             say(
                 f"\nthe quantized target's tokens ({who}) equal to the float target's: "
