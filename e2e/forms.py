@@ -376,8 +376,7 @@ def load_cells(path: str) -> tuple[str, list[tuple[Fixture, dict[str, Cell], lis
     for entry in data["fixtures"]:
         folder = entry["fixture"]
         fixture = Fixture(os.path.basename(folder), folder, entry["float"])
-        labels = [c["label"] for c in entry["cells"]]
-        forms = [n for n in sorted(FORMS) if f"{n}-off" in labels or f"{n}-on" in labels]
+        forms = entry.get("forms", sorted(FORMS))  # the rows asked for, run or not
         runs = dict(fixture_runs(fixture, forms))
         cells = {}
         for saved in entry["cells"]:
@@ -451,7 +450,12 @@ def main(argv: list[str] | None = None) -> int:
         for fixture in fixtures:
             cells: dict[str, Cell] = {}
             log_dir = os.path.join(args.log_dir, fixture.name)
-            entry = {"fixture": fixture.folder, "float": fixture.float_folder, "cells": []}
+            entry = {
+                "fixture": fixture.folder,
+                "float": fixture.float_folder,
+                "forms": args.forms,
+                "cells": [],
+            }
             written.append(entry)
             runs = dict(fixture_runs(fixture, args.forms))
             for label in args.only or list(runs):  # --only: in the order given

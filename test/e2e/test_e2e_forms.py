@@ -173,6 +173,7 @@ def test_a_saved_table_is_rendered_again_with_each_stopped_cell_read_from_its_lo
             {
                 "fixture": "/m",
                 "float": "/f",
+                "forms": ["F1", "F2"],
                 "cells": [cell.to_json() for cell in cells.values()],
             }
         ],
@@ -207,7 +208,8 @@ def test_a_rerun_cell_replaces_the_earlier_runs_cell_when_tables_are_merged(cell
 
     def saved(chosen: dict) -> dict:
         cells_json = [cell.to_json() for cell in chosen.values()]
-        return {"machine": "m", "fixtures": [{"fixture": "/m", "float": "/f", "cells": cells_json}]}
+        entry = {"fixture": "/m", "float": "/f", "forms": ["F1", "F2"], "cells": cells_json}
+        return {"machine": "m", "fixtures": [entry]}
 
     first = dict(cells, **{"F2-on": cell("F2-on", (), None, error="ValueError: memory")})
     rerun = {"F2-on": cells["F2-on"]}
