@@ -9,7 +9,7 @@ E2E_STAMP := $(VENV)/.e2e-installed
 DEMO_CKPT := test/fixtures/modelslim/q35_dense_w8a8_dynamic
 DEMO_REF := test/fixtures/reference/q35_dense_w8a8_dynamic.safetensors
 
-.PHONY: venv demo test test-fast accept bench bench-scaling lint e2e e2e-short e2e-moe \
+.PHONY: venv demo test test-fast accept bench bench-scaling lint e2e e2e-short e2e-forms e2e-moe \
 	e2e-moe-short e2e-hybrid e2e-hybrid-msmodelslim upstream-tree upstream-test upstream-series \
 	upstream-lint upstream-py310 upstream-py310-lock
 
@@ -44,20 +44,24 @@ accept: $(STAMP)
 	$(VPY) -m pip install -qq --no-deps -r requirements/accept.txt
 	$(VPY) benchmarks/accept_length.py --plot docs/accept_length.png --json .cache/accept/results.json
 
-# sglang's own server with EAGLE on the CPU, as users launch it: ONE ModelSlim folder with
-# --quantization modelslim and its own MTP head (e2e/run.py): the plugin on, off,
-# the draft built quantized, the float folder's own MTP, each against its run without
-# speculation; a 512-token generation, 8 concurrent requests, plugin/float tokens/s alternated.
-# Ends with `e2e accept_length float=F stock=S plugin=P quantized_draft=Q tokens_per_s ...`.
+# sglang's own server with EAGLE on the CPU, as users launch it: ONE ModelSlim folder and its
+# own MTP head in launch form F1 (flagless: sglang auto-detects ModelSlim for the target, builds
+# the draft unquantized; e2e/run.py, e2e/plan.py): the plugin on, off, the draft built quantized,
+# the float folder's own MTP, each against its run without speculation; a 512-token generation,
+# 8 concurrent requests, plugin/float tokens/s alternated.
+# Ends with `e2e accept_length float=F stock=S plugin=P quantized_draft=Q tokens_per_s ... form=F1`.
+# FORM=F2 (--quantization modelslim), F3 (--speculative-draft-model-quantization unquant) or F4
+# (--speculative-draft-model-quantization modelslim) serves another form.
 # Yours: make e2e MODEL=<ModelSlim folder> [FLOAT=<its float folder>]; TP=2 for --tp-size 2;
 # the two-folder form: make e2e TARGET=<float folder> DRAFT=<ModelSlim folder of the same model>
 E2E_ARGS := $(if $(TARGET),--target $(TARGET)) $(if $(DRAFT),--draft $(DRAFT)) \
-	$(if $(MODEL),--model $(MODEL)) $(if $(FLOAT),--float $(FLOAT)) $(if $(TP),--tp-size $(TP))
+	$(if $(MODEL),--model $(MODEL)) $(if $(FLOAT),--float $(FLOAT)) $(if $(TP),--tp-size $(TP)) \
+	$(if $(FORM),--form $(FORM))
 # With TP set, make e2e runs the five servers and leaves out the extras that do not depend on
 # --tp-size (the 512-token generation, the 8-request load test, the alternated tokens/s rounds:
 # most of the TP=1 run's time); they stay in the TP=1 run
 E2E_EXTRAS := $(if $(TP),--long-tokens 0 --load-requests 0 --perf-rounds 0)
-E2E_RUN := $(if $(TP),-tp$(TP))
+E2E_RUN := $(if $(TP),-tp$(TP))$(if $(FORM),-$(FORM))
 
 $(E2E_STAMP): $(STAMP) requirements/e2e.txt
 	$(VPY) -m pip install -qq --no-deps -r requirements/e2e.txt
@@ -67,11 +71,20 @@ e2e: $(E2E_STAMP)
 	$(VPY) -m e2e $(E2E_ARGS) $(E2E_EXTRAS) --log-dir .cache/e2e/dense$(E2E_RUN) \
 		--json .cache/e2e/results$(E2E_RUN).json
 
-# the one-folder form with 2 prompts x 16 tokens (plugin, stock, quantized draft, reference):
-# what CI runs at every landing
+# the one-folder form F1 with 2 prompts x 16 tokens (plugin, stock, quantized draft,
+# reference): what CI runs at every landing
 e2e-short: $(E2E_STAMP)
 	$(VPY) -m e2e --short $(E2E_ARGS) --log-dir .cache/e2e/short$(E2E_RUN) \
 		--json .cache/e2e/short$(E2E_RUN).json
+
+# the server table of every launch form (e2e/forms.py): per fixture, F1-F4 with the plugin off
+# and on, 2 prompts x 16 tokens, against its runs without speculation and the float folder's
+# own MTP; each cell an accept length, sglang's start-up error, or the NPU-only piece named.
+# FIXTURES="<ModelSlim folder>[=<float folder>] ..." for others (default: the bundled ones)
+FIXTURES ?=
+e2e-forms: $(E2E_STAMP)
+	$(VPY) -m e2e.forms $(FIXTURES) --log-dir .cache/e2e/forms \
+		--json .cache/e2e/forms.json --markdown .cache/e2e/forms.md
 
 # the same runs for the bundled hybrid Qwen3.5 (three Gated DeltaNet layers to one full-attention
 # layer): sglang's GDN Triton kernels under the interpreter, the float target's tokens also
@@ -159,10 +172,12 @@ lint: $(LINT_STAMP)
 
 # -- the fix as a stack of sglang pull requests (upstream/BASE, upstream/series/, upstream/stack/)
 UPSTREAM_REPO := .cache/upstream/sglang
-# The end-to-end server run against the patched tree: sglang's own server with EAGLE on the
-# CPU, the branch's tree serving with the plugin off, beside stock sglang (make e2e's harness,
-# 2 prompts x 16 tokens). `make upstream-test UPSTREAM_E2E=` skips it (the step says so).
-UPSTREAM_E2E ?= $(VPY) -m e2e --short --upstream-tree $(UPSTREAM_REPO) --json .cache/e2e/upstream.json
+# The end-to-end server run against the patched tree in step 01's launch (F1: one ModelSlim
+# folder, no quantization flag, EAGLE 3/1/4): sglang's own server with EAGLE on the CPU, the
+# branch's tree serving with the plugin off, beside stock sglang and the float folder's own MTP
+# (make e2e's harness, 2 prompts x 16 tokens; stock <= 1.3, branch >= 0.97 x float checked).
+# `make upstream-test UPSTREAM_E2E=` skips it (the step says so).
+UPSTREAM_E2E ?= $(VPY) -m e2e --short --upstream-tree $(UPSTREAM_REPO) --form F1 --log-dir .cache/e2e/upstream --json .cache/e2e/upstream.json
 
 # the pinned wheel (sha256 checked) -> a git repo whose first commit is its sglang/ at
 # python/sglang/ -> upstream/series/*.patch applied by git am; reuses what is current

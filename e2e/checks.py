@@ -100,16 +100,23 @@ def first_difference(want: list[int], got: list[int]) -> int:
     return min(len(want), len(got))
 
 
-def check_logs(results: dict, draft_folder: str) -> list[str]:
+def check_logs(results: dict, draft_folder: str, expect_fix: bool = True) -> list[str]:
     """The fix acted exactly where it should (the plugin's line, or the branch's; with TP, in
-    every rank), and the CPU tree shim took effect in every speculative server."""
+    every rank; nowhere in a launch form whose draft sglang builds quantized,
+    ``expect_fix=False``), and the CPU tree shim took effect in every speculative server."""
     fixed = fixed_label(results)
     rule = PLUGIN_LINE if fixed == "plugin" else BRANCH_LINE
     failures = []
     lines = {label: rule.findall(_log(r)) for label, r in results.items()}
     naming = [m for m in lines[fixed] if os.path.abspath(m[1]) == draft_folder]
     ranks = results[fixed].run.tp_size
-    if len(naming) < ranks:
+    if not expect_fix:
+        if lines[fixed]:
+            failures.append(
+                f"{fixed}: the draft is built quantized in this form, yet the fix dequantized "
+                f"something: {lines[fixed]}"
+            )
+    elif len(naming) < ranks:
         failures.append(
             f"{fixed}: {len(naming)} {'plugin' if fixed == 'plugin' else 'feature-branch'} "
             f"line(s) naming {draft_folder} in {results[fixed].log_path}, one per rank "
@@ -148,9 +155,7 @@ def check_shims(results: dict, hybrid: bool = False) -> list[str]:
         text = _log(result)
         wanted = []
         run = result.run
-        if run.quantization == "modelslim" or (
-            run.speculative and run.draft_quantization == "modelslim"
-        ):
+        if run.target_modelslim or run.draft_built == "modelslim":
             wanted += [f"{SHIM_MARK} {line}" for line in MODELSLIM_SHIM_LINES]
         if hybrid:
             fixes = GDN_FIXES + (GDN_SPECULATIVE_FIXES if run.speculative else ())
@@ -194,7 +199,11 @@ class Bars:
     """sglang's accept lengths of the speculative runs against the issue's bounds.
 
     ``ceiling`` is the float draft's run, or without one (a one-folder run with no float
-    folder, ``--short``) the draft built quantized: the run the fixed one must come close to.
+    folder, ``--short``) the draft built quantized (``quantized_draft``, or in a form whose draft
+    sglang builds quantized, F2/F4, ``stock`` itself): the run the fixed one must come close to.
+    ``stock_broken``: stock sglang builds the form's draft unquantized over the codes (F1/F3,
+    the two-folder form), so stock must stay under ``stock_max``; otherwise (F2/F4) stock
+    serves the quantized draft and must come close to the ceiling like the fixed run.
     """
 
     float: float | None
@@ -208,9 +217,10 @@ class Bars:
     #: stock's target served the plugin's target's tokens (else the stock bound says nothing:
     #: stock's draft is then checked against a different, broken target)
     stock_target_same: bool = True
+    stock_broken: bool = True
 
     @classmethod
-    def of(cls, results: dict, float_min: float = 2.0) -> Bars:
+    def of(cls, results: dict, float_min: float = 2.0, stock_broken: bool = True) -> Bars:
         def length(label: str) -> float | None:
             return (results[label].accept_length or 0.0) if label in results else None
 
@@ -223,15 +233,22 @@ class Bars:
             fixed_label=fixed,
             float_min=float_min,
             stock_target_same=_same_tokens(results, "stock_reference", "reference"),
+            stock_broken=stock_broken,
         )
 
     @property
     def ceiling_label(self) -> str:
-        return "float" if self.float is not None else "quantized_draft"
+        if self.float is not None:
+            return "float"
+        if self.quantized_draft is not None or self.stock_broken:
+            return "quantized_draft"
+        return "stock"
 
     @property
     def ceiling(self) -> float:
-        value = self.float if self.float is not None else self.quantized_draft
+        value = {"float": self.float, "quantized_draft": self.quantized_draft}.get(
+            self.ceiling_label, self.stock
+        )
         assert value is not None, "a run needs a float or a quantized-draft run"
         return value
 
@@ -239,12 +256,14 @@ class Bars:
         out = []
         if self.ceiling < self.float_min:
             out.append(f"{self.ceiling_label} accept length {self.ceiling:.3f} < {self.float_min}")
-        if self.stock_target_same and self.stock > self.stock_max:
+        if self.stock_broken and self.stock_target_same and self.stock > self.stock_max:
             out.append(f"stock accept length {self.stock:.3f} > {self.stock_max}")
-        # the fixed run, and the draft built quantized when it is not the ceiling itself
+        # the fixed run, and each other run that serves a working draft and is not the ceiling
         checked = [(self.fixed_label, self.fixed)]
         if self.quantized_draft is not None and self.ceiling_label != "quantized_draft":
             checked.append(("quantized_draft", self.quantized_draft))
+        if not self.stock_broken and self.ceiling_label != "stock":
+            checked.append(("stock", self.stock))
         bound = self.plugin_share_min * self.ceiling
         for label, value in checked:
             if value < bound:

@@ -2,52 +2,60 @@
 
 Usage (``make e2e`` runs the first line, ``make e2e-short`` the second)::
 
-    .venv/bin/python -m e2e                 # the user's launch, bundled model
+    .venv/bin/python -m e2e                 # F1 (flagless), bundled model
     .venv/bin/python -m e2e --short         # 2 prompts x 16 tokens (CI)
+    .venv/bin/python -m e2e --form F2       # --quantization modelslim (F1-F4: e2e/plan.py)
     .venv/bin/python -m e2e --tp-size 2     # the same runs with --tp-size 2
     .venv/bin/python -m e2e --family hybrid # Gated DeltaNet Qwen3.5 (e2e-hybrid)
     .venv/bin/python -m e2e --model /models/w8a8 [--float /models/float]
     .venv/bin/python -m e2e --target /models/float --draft /models/w8a8
     .venv/bin/python -m e2e --family moe    # the Qwen3.5-MoE draft (make e2e-moe)
-    .venv/bin/python -m e2e --short --upstream-tree .cache/upstream/sglang
+    .venv/bin/python -m e2e --short --upstream-tree .cache/upstream/sglang   # step 01's F1
 
 Every server is started as users start it (``python -m sglang.launch_server``) on a free
-loopback port and stopped with nothing left running. The default is the user's launch
-(``e2e/plan.py``): ONE ModelSlim folder (the bundled trained tiny Qwen3.5's W8A8_DYNAMIC
-export, ``test/fixtures/e2e/w8a8``) served with ``--quantization modelslim``, EAGLE 3/1/4 with
-no draft path; runs ``plugin`` (the draft built unquantized, the plugin on), ``float`` (the
-float folder with its own MTP head: the ceiling), ``stock`` (the plugin off), ``quantized_draft``
-(``--speculative-draft-model-quantization modelslim``), and without speculation ``reference``
-and ``float_reference``. The NPU-only kernels and platform checks the quantized target needs
-run through the CPU stand-ins of ``e2e/site/`` (docs/results.md). Prompts are windows of
-held-out text as byte ids; generation is greedy and ignores EOS.
+loopback port and stopped with nothing left running. The default serves ONE ModelSlim folder
+(the bundled trained tiny Qwen3.5's W8A8_DYNAMIC export, ``test/fixtures/e2e/w8a8``) in launch
+form F1: no quantization flag at all (sglang auto-detects ModelSlim for the target from its
+description; the draft, never auto-detected, is built unquantized over the codes), EAGLE 3/1/4
+with no draft path. ``--form`` picks another of ``e2e/plan.py``'s forms (F2
+``--quantization modelslim``, F3 ``--speculative-draft-model-quantization unquant``, F4
+``--speculative-draft-model-quantization modelslim``). Runs: ``plugin`` (the form, plugin on),
+``float`` (the float folder with its own MTP head: the ceiling), ``stock`` (the form, plugin
+off), ``quantized_draft`` (F4, plugin on; for F1/F3 only), and without speculation
+``reference`` and ``float_reference``. The NPU-only kernels and platform checks the quantized
+target needs run through the CPU stand-ins of ``e2e/site/`` (docs/results.md). Prompts are
+windows of held-out text as byte ids; generation is greedy and ignores EOS.
 
 Accept length is sglang's own: the sum of ``completion_tokens`` over the sum of
 ``spec_verify_ct`` (tokens per verification step), beside each request's
 ``spec_accept_length``, both read from ``/generate``'s ``meta_info``. The run fails (exit 1)
 unless every speculative run emits exactly its reference run's tokens; the plugin's INFO line
 names the folder in the plugin server's log (once per rank with ``--tp-size``) and nowhere
-else; every CPU stand-in a server needs announced itself in its log; and float >= 2.0 (1.5 for
-the hybrid), stock <= 1.3, plugin and quantized_draft >= 0.97 x float. Without a float folder
-(``--model`` alone, ``--short``) the draft built quantized is the ceiling. The full run also
-checks, on the plugin server, a 512-token generation against the reference run's, and 8
-concurrent requests against the same requests one by one, and measures plugin over float
-tokens/s with both servers up and requests alternated (median and spread of 3 rounds). The
-hybrid family also checks the float target's tokens against transformers' greedy decode.
-Last line::
+else (nowhere at all in F2/F4, whose draft sglang builds quantized); every CPU stand-in a
+server needs announced itself in its log; and float >= 2.0 (1.5 for the hybrid), plugin and
+quantized_draft >= 0.97 x float, stock <= 1.3 in F1/F3 (its draft is the raw codes) and
+>= 0.97 x float in F2/F4. Without a float folder (``--model`` alone, ``--short``) the draft
+built quantized is the ceiling (F2/F4: stock's own run). The full run also checks, on the plugin
+server, a 512-token generation against the reference run's, and 8 concurrent requests against
+the same requests one by one, and measures plugin over float tokens/s with both servers up and
+requests alternated (median and spread of 3 rounds). The hybrid family also checks the float
+target's tokens against transformers' greedy decode. Last line::
 
-    e2e accept_length float=F stock=S plugin=P quantized_draft=Q tokens_per_s float=a ...
+    e2e accept_length float=F stock=S plugin=P quantized_draft=Q tokens_per_s float=a ... form=F1
 
+``--upstream-tree`` (what ``make upstream-test`` runs) proves the feature branch in step 01's
+launch (F1, or ``--form F3``): ``reference``, ``float``, ``float_reference`` and ``branch``
+run the patched sglang tree (its ``python/`` first on the path) with the plugin off, ``stock``
+the installed sglang with the plugin off; the branch's own INFO line must name the folder,
+stock <= 1.3 and branch >= 0.97 x float, and the last line says ``branch=B``.
 ``--target`` / ``--draft`` (the earlier form: a float target, the ModelSlim folder passed as
-``--speculative-draft-model-path``), ``--family moe`` and ``--upstream-tree`` run four servers:
-reference, float, stock and plugin. ``--upstream-tree`` (what ``make upstream-test`` runs)
-proves the feature branch instead: the reference, float and ``branch`` servers run the patched
-sglang tree (its ``python/`` first on the path) with the plugin off, ``stock`` the installed
-sglang with the plugin off; the branch's own INFO line must name the draft folder, and the last
-line says ``branch=B`` for ``plugin=P``. ``--family moe`` serves the bundled Qwen3.5-MoE, whose
+``--speculative-draft-model-path`` with ``unquant``) and ``--family moe`` (whose target's
+quantized experts need NPU-only kernels, so its float target serves) run four servers:
+reference, float, stock and plugin. ``--family moe`` serves the bundled Qwen3.5-MoE, whose
 routed experts run through sglang's FusedMoE layer (``moe_forward_native`` on this platform);
 the run also fails unless every server's log shows that for the target's layers and, in the
-speculative servers, for the draft's. Its last line starts ``e2e-moe``.
+speculative servers, for the draft's. Its last line starts ``e2e-moe``. ``e2e/forms.py`` runs
+every form with the plugin off and on, per fixture, into one table.
 """
 
 from __future__ import annotations
@@ -80,7 +88,7 @@ from e2e.inputs import (
     heldout_prompts,
 )
 from e2e.load import Pairing, alternated, concurrent
-from e2e.plan import Plan, one_folder_plan, two_folder_plan
+from e2e.plan import FORMS, UPSTREAM_FORMS, Plan, one_folder_plan, two_folder_plan, upstream_plan
 from e2e.server import Server, ServerError, ServerRun, log_tail
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -194,6 +202,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--float", default=None, help="the float folder of --model (the ceiling)")
     parser.add_argument("--target", default=None, help="float folder (the two-folder form)")
     parser.add_argument("--draft", default=None, help="ModelSlim folder (the two-folder form)")
+    parser.add_argument(
+        "--form",
+        choices=sorted(FORMS),
+        default=None,
+        help="the launch form's quantization flags (default F1, flagless; e2e/plan.py)",
+    )
     parser.add_argument("--tp-size", type=int, default=1, help="sglang's --tp-size")
     parser.add_argument("--prompts", type=int, default=4, help="held-out prompts")
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt")
@@ -220,45 +234,55 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     family = FAMILIES[args.family]
     args.line, args.float_min = family.line, family.float_min
-    two_folder = bool(args.target or args.draft or args.upstream_tree) or not family.one_folder
-    if two_folder and args.model:
-        parser.error(
-            "--model (one folder) and --target / --draft / --upstream-tree exclude each other"
-        )
+    if args.model and (args.target or args.draft):
+        parser.error("--model (one folder) and --target / --draft exclude each other")
+    two_folder = bool(args.target or args.draft) or (not family.one_folder and not args.model)
+    if two_folder and args.form is not None:
+        parser.error("--form is a launch of one ModelSlim folder (--model), not of two folders")
+    if args.upstream_tree is not None and not two_folder:
+        if (args.form or "F1") not in UPSTREAM_FORMS:
+            parser.error(f"--upstream-tree runs step 01's launch: --form {UPSTREAM_FORMS}")
+        if args.tp_size != 1 or args.targets_only:
+            parser.error("--upstream-tree runs step 01's launch at --tp-size 1 only")
+    args.form = args.form or "F1"
     if args.short:
         args.prompts, args.new_tokens = 2, 16
     # the extras of the full dense run (docs/results.md): off in --short and in other families
-    full = not args.short and args.family == "dense" and not two_folder
+    full = not args.short and args.family == "dense" and not two_folder and not args.upstream_tree
     args.long_tokens = (512 if full else 0) if args.long_tokens is None else args.long_tokens
     args.load_requests = (8 if full else 0) if args.load_requests is None else args.load_requests
     args.perf_rounds = (3 if full else 0) if args.perf_rounds is None else args.perf_rounds
     if two_folder:
-        args.form = "two-folder"
+        args.layout = "two-folder"
         args.target = os.path.abspath(args.target or family.float_folder)
         args.draft = os.path.abspath(args.draft or family.modelslim_folder)
     else:
-        args.form = "one-folder"
+        args.layout = "upstream" if args.upstream_tree is not None else "one-folder"
         args.model = os.path.abspath(args.model or family.modelslim_folder)
         float_default = family.float_folder if args.model == family.modelslim_folder else None
         args.float = os.path.abspath(args.float) if args.float else float_default
+        if args.layout == "upstream" and args.float is None:
+            parser.error("--upstream-tree with --model needs --float (the ceiling)")
     if args.upstream_tree is not None:
         args.upstream_tree = os.path.abspath(args.upstream_tree)
     return args
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
-    if args.form == "two-folder":
+    if args.layout == "two-folder":
         return two_folder_plan(args.target, args.draft, args.tp_size, args.upstream_tree)
-    plan = one_folder_plan(args.model, args.float, args.tp_size, args.short)
+    if args.layout == "upstream":
+        return upstream_plan(args.model, args.float, args.upstream_tree, args.form)
+    plan = one_folder_plan(args.model, args.float, args.tp_size, args.short, args.form)
     if args.targets_only:
         plain = [run for run in plan.runs if not run.speculative]
-        plan = Plan(plan.form, plain, {}, (), plan.draft_folder)
+        plan = Plan(plan.form, plain, {}, (), plan.draft_folder, launch=plan.launch)
     return plan
 
 
 def check_inputs(args: argparse.Namespace) -> None:
     """Each folder checked in seconds before any server starts (raises InputError)."""
-    if args.form == "two-folder":
+    if args.layout == "two-folder":
         check_target(args.target)
         check_draft(args.draft)
     else:
@@ -478,7 +502,9 @@ def describe_run(run: ServerRun) -> str:
         parts.append(f"--quantization {run.quantization}")
     if run.speculative:
         parts.append(f"EAGLE, draft {os.path.basename(run.draft) if run.draft else 'its own MTP'}")
-        parts.append(f"built {run.draft_quantization}")
+        if run.draft_quantization is not None:
+            parts.append(f"--speculative-draft-model-quantization {run.draft_quantization}")
+        parts.append(f"built {run.draft_built or 'unquantized'}")
     if run.tp_size != 1:
         parts.append(f"TP={run.tp_size}")
     return ", ".join(parts)
@@ -494,13 +520,14 @@ def last_line(args, plan: Plan, by_label: dict[str, RunResult], bars: Bars, pair
     def tps(label: str) -> str:
         return f"{by_label[label].tokens_per_second:.2f}" if label in by_label else "-"
 
-    if plan.form == "two-folder":
+    if plan.form in ("two-folder", "upstream"):
         fixed = bars.fixed_label
-        return (
+        line = (
             f"{args.line} accept_length float={bars.float:.3f} stock={bars.stock:.3f} "
             f"{fixed}={bars.fixed:.3f} tokens_per_s float={tps('float')} "
             f"stock={tps('stock')} {fixed}={tps(fixed)}"
         )
+        return line + (f" form={plan.launch.name}" if plan.launch else "")
     line = (
         f"{args.line} accept_length float={_value(bars.float)} stock={bars.stock:.3f} "
         f"plugin={bars.fixed:.3f} quantized_draft={_value(bars.quantized_draft)} tokens_per_s "
@@ -515,6 +542,8 @@ def last_line(args, plan: Plan, by_label: dict[str, RunResult], bars: Bars, pair
         )
     if args.tp_size != 1:
         line += f" tp_size={args.tp_size}"
+    if plan.launch is not None:
+        line += f" form={plan.launch.name}"
     agree = {name: target_agreement(by_label, label) for name, label in TARGET_AGREE.items()}
     if all(agree.values()):
         line += " target_agree " + " ".join(
@@ -551,6 +580,8 @@ def write_json(args, plan: Plan, prompts, results: list[RunResult], failures, **
                 "machine": machine_line(),
                 "family": args.family,
                 "form": plan.form,
+                "launch": plan.launch.name if plan.launch else None,
+                "launch_flags": plan.launch.flags if plan.launch else None,
                 "tp_size": args.tp_size,
                 "prompts": prompts,
                 "new_tokens": args.new_tokens,
@@ -582,7 +613,9 @@ def main(argv: list[str] | None = None) -> int:
         prompts = heldout_prompts(args.prompts, args.prompt_len)
         load_prompts = heldout_prompts(args.load_requests or 1, args.prompt_len)
         say(machine_line())
-        served = args.model if plan.form == "one-folder" else f"{args.target} + {args.draft}"
+        served = f"{args.target} + {args.draft}"
+        if plan.launch is not None:
+            served = f"{args.model} in {plan.launch.name} ({plan.launch.flags})"
         say(
             f"e2e ({plan.form}): {served}; {len(plan.runs)} servers "
             f"({', '.join(plan.labels())}), {len(prompts)} prompts x {args.new_tokens} greedy "
@@ -604,18 +637,21 @@ def main(argv: list[str] | None = None) -> int:
         failures += check_shims(by_label, hybrid=args.family == "hybrid")
         write_json(args, plan, prompts, results, failures)
         return targets_only_end(args, by_label, failures)
-    failures += check_logs(by_label, plan.draft_folder)
+    # in F2/F4 sglang builds the draft quantized: the fix has nothing to do
+    stock_broken = plan.launch is None or not plan.launch.draft_quantized
+    failures += check_logs(by_label, plan.draft_folder, expect_fix=stock_broken)
     failures += check_shims(by_label, hybrid=args.family == "hybrid")
     failures += check_extras(by_label, pairing, plan)
     if args.family == "moe":
         failures += check_moe_logs(by_label)
-    bars = Bars.of(by_label, float_min=args.float_min)
+    bars = Bars.of(by_label, float_min=args.float_min, stock_broken=stock_broken)
     failures += bars.failures()
     agreement = target_agreement(by_label)
     stock_agreement = target_agreement(by_label, TARGET_AGREE["stock"])
     say("")
     say(table(results))
-    for who, agreed in (("plugin on", agreement), ("stock sglang", stock_agreement)):
+    reference_who = "the branch's tree, plugin off" if plan.form == "upstream" else "plugin on"
+    for who, agreed in ((reference_who, agreement), ("stock sglang", stock_agreement)):
         if agreed is not None:
             say(
                 f"\nthe quantized target's tokens ({who}) equal to the float target's: "

@@ -7,13 +7,14 @@ Usage::
         print(server.port, server.log_path)
     # here the server and every process it spawned are gone (also on Ctrl-C or an error)
 
-The command is ``python -m sglang.launch_server`` with EAGLE's flags (the draft built
-unquantized, ``--speculative-draft-model-quantization unquant``, unless the run says
-``modelslim``), the target's ``--quantization`` and ``--tp-size`` if any, and the flags sglang
-needs on a CPU with no sgl-kernel (docs/results.md says why each is there). The environment adds
-``TRITON_INTERPRET=1`` (sglang's Triton kernels run under Triton's interpreter) and this
-package's ``site/`` folder first on ``PYTHONPATH`` (the CPU shims, ``site/sitecustomize.py``);
-``SGLANG_PLUGINS=none`` switches the plugin off the way sglang documents.
+The command is ``python -m sglang.launch_server`` with EAGLE's flags, the launch form's
+quantization flags (``--quantization`` and ``--speculative-draft-model-quantization``, each
+only if the run gives it: ``e2e/plan.py``'s forms F1-F4), ``--tp-size`` if any, and the flags
+sglang needs on a CPU with no sgl-kernel (docs/results.md says why each is there). The
+environment adds ``TRITON_INTERPRET=1`` (sglang's Triton kernels run under Triton's
+interpreter) and this package's ``site/`` folder first on ``PYTHONPATH`` (the CPU shims,
+``site/sitecustomize.py``); ``SGLANG_PLUGINS=none`` switches the plugin off the way sglang
+documents.
 
 The server runs in its own session (process group): stopping it signals the whole group,
 then waits until no process of the group is left, escalating from SIGTERM to SIGKILL. Should
@@ -49,8 +50,11 @@ SPECULATIVE_FLAGS = (
     "--speculative-num-steps", "3",
     "--speculative-eagle-topk", "1",
     "--speculative-num-draft-tokens", "4",
-    "--speculative-draft-model-quantization",  # then ServerRun.draft_quantization
 )  # fmt: skip
+#: what sglang auto-detects a ModelSlim folder by (``ModelConfig._find_quant_modelslim_config``,
+#: for the target only: never for the draft)
+DESCRIPTION = "quant_model_description.json"
+MODELSLIM = "modelslim"
 #: sglang on a CPU without sgl-kernel (docs/results.md, "What was real")
 CPU_FLAGS = (
     "--device", "cpu",
@@ -62,7 +66,10 @@ CPU_FLAGS = (
     "--disable-overlap-schedule",
     "--mamba-radix-cache-strategy", "no_buffer",
     "--disable-radix-cache",
-    "--mem-fraction-static", "0.05",
+    # of the memory free at start-up (on a CPU: the host's); what other processes allocate
+    # while the weights load counts against it, so 0.05 failed on a shared machine
+    # ("Loaded weights leave no GPU memory for the KV cache"); --max-total-tokens caps the pool
+    "--mem-fraction-static", "0.15",
     "--max-total-tokens", "8192",
     "--max-running-requests", "8",
     "--context-length", "1024",
@@ -99,11 +106,14 @@ class ServerRun:
     #: ``--speculative-draft-model-path``; None: no draft path, sglang drafts with the target
     #: folder's own MTP head (the user's launch of one ModelSlim folder)
     draft: str | None = None
-    #: ``--quantization`` of the target (``modelslim``: one ModelSlim folder as users serve it)
+    #: ``--quantization`` of the target; None: the flag is not given (sglang auto-detects a
+    #: ModelSlim folder for the target from its description)
     quantization: str | None = None
-    #: ``--speculative-draft-model-quantization``: ``unquant`` (what the plugin serves) or
-    #: ``modelslim`` (the draft built quantized, through the same kernels as the target)
-    draft_quantization: str = "unquant"
+    #: ``--speculative-draft-model-quantization``: ``unquant`` (the draft built unquantized),
+    #: ``modelslim`` (built quantized, through the same kernels as the target), or None: the
+    #: flag is not given, and sglang takes the target's CLI ``--quantization`` (never the
+    #: auto-detected one: ``arg_groups/serving_hook.py``)
+    draft_quantization: str | None = "unquant"
     tp_size: int = 1
     #: an sglang source tree's ``python/`` put before the installed sglang (the feature
     #: branch, ``make upstream-tree``); None: the installed sglang
@@ -116,6 +126,25 @@ class ServerRun:
             return None
         return self.draft or self.target
 
+    @property
+    def target_modelslim(self) -> bool:
+        """sglang builds the target's ModelSlim layers quantized: ``--quantization modelslim``,
+        or no ``--quantization`` and a ModelSlim description in the folder (auto-detected)."""
+        if self.quantization is not None:
+            return self.quantization == MODELSLIM
+        return os.path.isfile(os.path.join(self.target, DESCRIPTION))
+
+    @property
+    def draft_built(self) -> str | None:
+        """The quantization sglang builds the draft with (None: unquantized, bf16 on an NPU):
+        the draft flag, else the target's CLI ``--quantization``; None without speculation."""
+        if not self.speculative:
+            return None
+        chosen = (
+            self.draft_quantization if self.draft_quantization is not None else self.quantization
+        )
+        return None if chosen in (None, "unquant") else chosen
+
     def command(self, port: int) -> list[str]:
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.target]
         cmd += ["--host", "127.0.0.1", "--port", str(port), *CPU_FLAGS]
@@ -124,7 +153,9 @@ class ServerRun:
         if self.tp_size != 1:
             cmd += ["--tp-size", str(self.tp_size)]
         if self.speculative:
-            cmd += [*SPECULATIVE_FLAGS, self.draft_quantization]
+            cmd += SPECULATIVE_FLAGS
+            if self.draft_quantization is not None:
+                cmd += ["--speculative-draft-model-quantization", self.draft_quantization]
             if self.draft is not None:
                 cmd += ["--speculative-draft-model-path", self.draft]
         return cmd

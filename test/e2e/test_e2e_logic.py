@@ -21,8 +21,9 @@ from e2e.server import ServerRun
 from e2e import checks, load, plan
 
 
-def test_the_one_folder_plan_is_the_users_launch():
+def test_the_one_folder_plan_defaults_to_the_flagless_launch():
     p = plan.one_folder_plan("/m/w8a8", "/m/float")
+    assert p.launch is plan.FORMS["F1"]
     assert p.labels() == [
         "plugin",
         "float",
@@ -33,12 +34,14 @@ def test_the_one_folder_plan_is_the_users_launch():
         "stock_reference",
     ]
     runs = {r.label: r for r in p.runs}
-    for label in ("plugin", "stock", "quantized_draft", "reference", "stock_reference"):
+    for label in ("plugin", "stock", "reference", "stock_reference"):
         run = runs[label]
-        assert run.target == "/m/w8a8" and run.quantization == "modelslim" and run.draft is None
+        assert run.target == "/m/w8a8" and run.draft is None
+        assert run.quantization is None and run.draft_quantization is None
     assert runs["quantized_draft"].draft_quantization == "modelslim"
-    assert runs["plugin"].draft_quantization == "unquant" and runs["plugin"].plugin
-    assert not runs["stock"].plugin and not runs["reference"].speculative
+    assert runs["quantized_draft"].quantization is None
+    assert runs["plugin"].plugin and not runs["stock"].plugin
+    assert not runs["reference"].speculative
     assert not runs["stock_reference"].plugin and not runs["stock_reference"].speculative
     assert runs["float"].target == "/m/float" and runs["float"].quantization is None
     assert p.reference_of == {
@@ -48,11 +51,83 @@ def test_the_one_folder_plan_is_the_users_launch():
         "float": "float_reference",
     }
     assert p.paired == ("plugin", "float") and p.draft_folder == "/m/w8a8"
-    cmd = runs["plugin"].command(1234)
-    assert cmd[cmd.index("--quantization") + 1] == "modelslim"
-    assert "--speculative-draft-model-path" not in cmd
-    assert cmd[cmd.index("--speculative-draft-model-quantization") + 1] == "unquant"
+    for label in ("plugin", "stock", "float"):  # flagless: no quantization flag at all
+        cmd = runs[label].command(1234)
+        assert "--quantization" not in cmd
+        assert "--speculative-draft-model-quantization" not in cmd
+        assert "--speculative-draft-model-path" not in cmd
+        assert cmd[cmd.index("--speculative-algorithm") + 1] == "EAGLE"
     assert "--speculative-algorithm" not in runs["reference"].command(1234)
+
+
+#: each form's flags exactly, and how stock sglang 0.5.23 builds the draft for them
+FORM_FLAGS = {
+    "F1": ([], None),
+    "F2": (["--quantization", "modelslim"], "modelslim"),
+    "F3": (["--speculative-draft-model-quantization", "unquant"], None),
+    "F4": (["--speculative-draft-model-quantization", "modelslim"], "modelslim"),
+}
+QUANT_FLAGS = ("--quantization", "--speculative-draft-model-quantization")
+
+
+def quantization_flags(cmd: list[str]) -> list[str]:
+    out = []
+    for i, word in enumerate(cmd):
+        if word in QUANT_FLAGS:
+            out += [word, cmd[i + 1]]
+    return out
+
+
+@pytest.mark.parametrize("form", sorted(FORM_FLAGS))
+def test_each_form_launches_exactly_its_quantization_flags(form, tmp_path):
+    """F1-F4 differ in their quantization flags only; the draft is built as sglang builds it
+    (an unset draft flag takes the target's CLI --quantization, never the auto-detected one)."""
+    (tmp_path / "quant_model_description.json").write_text("{}")
+    model = str(tmp_path)
+    p = plan.one_folder_plan(model, None, form=form)
+    runs = {r.label: r for r in p.runs}
+    flags, built = FORM_FLAGS[form]
+    for label in ("plugin", "stock"):
+        cmd = runs[label].command(1)
+        assert quantization_flags(cmd) == flags
+        assert runs[label].draft_built == built
+        assert runs[label].target_modelslim  # auto-detected (F1/F3/F4) or asked for (F2)
+        rest = [w for w in cmd if w not in flags]
+        assert rest == [w for w in plan.one_folder_plan(model, None).runs[0].command(1)]
+    # without speculation only the target's flag is given
+    target_flags = flags if form == "F2" else []
+    assert quantization_flags(runs["reference"].command(1)) == target_flags
+    assert plan.FORMS[form].draft_quantized == (built == "modelslim")
+    # the draft built quantized has its own run only where the form's draft is not
+    assert ("quantized_draft" in runs) == (built is None)
+
+
+def test_a_folder_without_a_description_is_not_auto_detected(tmp_path):
+    run = plan.one_folder_plan(str(tmp_path), None).runs[0]
+    assert not run.target_modelslim and run.draft_built is None
+
+
+def test_the_upstream_plan_launches_step_01s_form_on_the_tree():
+    p = plan.upstream_plan("/m/w8a8", "/m/float", "/tree")
+    assert p.labels() == ["reference", "float", "float_reference", "stock", "branch"]
+    assert p.launch is plan.FORMS["F1"] and not any(r.plugin for r in p.runs)
+    runs = {r.label: r for r in p.runs}
+    assert runs["stock"].sglang_path is None
+    assert all(runs[x].sglang_path == "/tree/python" for x in ("reference", "float", "branch"))
+    for label in ("stock", "branch"):
+        cmd = runs[label].command(1)
+        assert runs[label].target == "/m/w8a8" and quantization_flags(cmd) == []
+        assert "--speculative-draft-model-path" not in cmd
+    assert p.reference_of == {
+        "float": "float_reference",
+        "stock": "reference",
+        "branch": "reference",
+    }
+    f3 = plan.upstream_plan("/m/w8a8", "/m/float", "/tree", form="F3")
+    branch = {r.label: r for r in f3.runs}["branch"]
+    assert quantization_flags(branch.command(1)) == FORM_FLAGS["F3"][0]
+    with pytest.raises(ValueError, match="step 01 launches F1 or F3"):
+        plan.upstream_plan("/m/w8a8", "/m/float", "/tree", form="F2")
 
 
 def test_without_a_float_folder_or_in_short_there_is_no_float_run():
@@ -225,6 +300,67 @@ def test_every_stand_in_a_server_needs_must_announce_itself(tmp_path):
     }
     (failure,) = checks.check_shims(results, hybrid=True)
     assert failure.startswith("float:") and "scatter-device-check" in failure
+
+
+def test_in_a_form_whose_draft_sglang_builds_quantized_stock_must_serve_too():
+    """F2/F4: stock builds the draft quantized, so it is held to the plugin's bound (not to
+    stock_max), and without a float run it is the ceiling itself."""
+    results = {
+        "float": result("float", 2.4),
+        "stock": result("stock", 2.0),
+        "plugin": result("plugin", 2.4),
+    }
+    assert checks.Bars.of(results, stock_broken=False).failures() == [
+        "stock accept length 2.000 < 0.97 x float (2.328)"
+    ]
+    results["stock"] = result("stock", 2.4)
+    assert checks.Bars.of(results, stock_broken=False).failures() == []
+    short = {"stock": result("stock", 2.4), "plugin": result("plugin", 2.2)}
+    bars = checks.Bars.of(short, stock_broken=False)
+    assert bars.ceiling_label == "stock" and bars.ceiling == 2.4
+    assert bars.failures() == ["plugin accept length 2.200 < 0.97 x stock (2.328)"]
+
+
+def test_in_a_form_whose_draft_sglang_builds_quantized_the_fix_must_not_act(tmp_path):
+    acted = write_log(tmp_path, "acted", PLUGIN_INFO, *TREE)
+    quiet = write_log(tmp_path, "quiet", *TREE)
+    results = {"plugin": result("plugin", 2.0, log=quiet), "stock": result("stock", 2.0, log=quiet)}
+    assert checks.check_logs(results, "/m", expect_fix=False) == []
+    results["plugin"] = result("plugin", 2.0, log=acted)
+    (failure,) = checks.check_logs(results, "/m", expect_fix=False)
+    assert failure.startswith("plugin: the draft is built quantized in this form, yet the fix")
+
+
+def test_an_auto_detected_modelslim_target_needs_the_stand_ins(tmp_path):
+    """F1 gives no --quantization: the description in the folder makes sglang build the
+    target quantized, so its server must show the NPU stand-ins ran."""
+    folder = tmp_path / "w8a8"
+    folder.mkdir()
+    (folder / "quant_model_description.json").write_text("{}")
+    quiet = write_log(tmp_path, "quiet", *TREE)
+    run = ServerRun("plugin", str(folder), speculative=True, plugin=True, draft_quantization=None)
+    flagless = SimpleNamespace(run=run, log_path=quiet)
+    (failure,) = checks.check_shims({"plugin": flagless})
+    assert "npu_dynamic_quant" in failure
+
+
+def test_e2e_serves_f1_by_default_and_step_01s_form_on_the_tree():
+    from e2e import run as e2e_run
+
+    args = e2e_run.parse_args([])
+    assert args.layout == "one-folder" and e2e_run.make_plan(args).launch.name == "F1"
+    args = e2e_run.parse_args(["--short", "--form", "F2"])
+    p = e2e_run.make_plan(args)
+    assert p.launch.name == "F2" and "quantized_draft" not in p.labels()
+    args = e2e_run.parse_args(["--short", "--upstream-tree", "/tree"])
+    p = e2e_run.make_plan(args)
+    assert p.form == "upstream" and p.launch.name == "F1"
+    assert {r.label: r for r in p.runs}["float"].target.endswith("test/fixtures/e2e/float")
+    with pytest.raises(SystemExit):
+        e2e_run.parse_args(["--upstream-tree", "/tree", "--form", "F4"])
+    with pytest.raises(SystemExit):
+        e2e_run.parse_args(["--target", "/f", "--form", "F1"])
+    assert e2e_run.parse_args(["--family", "moe"]).layout == "two-folder"
 
 
 class FakeSglang(BaseHTTPRequestHandler):
