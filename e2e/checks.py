@@ -21,11 +21,17 @@ from dataclasses import asdict, dataclass
 #: the plugin's INFO line for one draft load (``serving/plugin.py``), up to the folder
 PLUGIN_LINE = re.compile(r"sglang-mtp-dequant: (\S+) draft from (\S+): dequantized (\d+) tensors")
 #: the feature branch's INFO line (upstream/series/, PR 1's ``qwen3_5_mtp.py``)
-BRANCH_LINE = re.compile(r"Dequantized (\d+) ModelSlim W8A8_DYNAMIC MTP weights from (\S+)")
+BRANCH_LINE = re.compile(
+    r"Dequantized (\d+) ModelSlim W8A8_DYNAMIC draft weights \(\S+\) from (\S+)"
+)
 #: the run of the quantized draft with the fix: the plugin's, or the feature branch's
 FIXED = ("plugin", "branch")
 
 SHIM_MARK = "sglang-mtp-dequant e2e shim:"
+#: ``site/e2e_shim_npu_check.py``'s line: the draft module's ``is_npu`` answered True
+DRAFT_NPU_CHECK_LINE = (
+    "sglang.srt.models.qwen3_5_mtp.is_npu answers True (as on the NPU step 01 runs on)"
+)
 TREE_KERNELS = ("sgl_build_tree_kernel_triton ran", "verify_tree_greedy_triton ran")
 #: where a release keeps them (site/sitecustomize.py): sglang 0.5.23, or 0.5.17 to 0.5.22
 TREE_MODULES = ("sglang.kernels.ops.speculative.spec_tree", "sglang.srt.speculative.eagle_utils")
@@ -157,6 +163,8 @@ def check_shims(results: dict, hybrid: bool = False) -> list[str]:
         run = result.run
         if run.target_modelslim or run.draft_built == "modelslim":
             wanted += [f"{SHIM_MARK} {line}" for line in MODELSLIM_SHIM_LINES]
+        if run.draft_npu_check:
+            wanted.append(f"{SHIM_MARK} {DRAFT_NPU_CHECK_LINE}")
         if hybrid:
             fixes = GDN_FIXES + (GDN_SPECULATIVE_FIXES if run.speculative else ())
             wanted += [f"{SHIM_MARK} gdn fix {fix}:" for fix in fixes]

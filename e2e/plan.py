@@ -112,6 +112,7 @@ def form_run(
     plugin: bool,
     tp_size: int = 1,
     sglang_path: str | None = None,
+    draft_npu_check: bool = False,
 ) -> ServerRun:
     """``model`` served in ``form`` (without speculation only the target's flag matters)."""
     return ServerRun(
@@ -123,6 +124,7 @@ def form_run(
         draft_quantization=form.draft_quantization,
         tp_size=tp_size,
         sglang_path=sglang_path,
+        draft_npu_check=draft_npu_check,
     )
 
 
@@ -162,7 +164,9 @@ def one_folder_plan(
 def upstream_plan(model: str, float_folder: str, tree: str, form: str = "F1") -> Plan:
     """Step 01's launch of ``model`` (``form``: F1 or F3) on the feature branch's tree
     (``tree``/python first on the path) and on stock sglang, both with the plugin off, and the
-    float folder's own MTP head as the ceiling."""
+    float folder's own MTP head as the ceiling. ``stock`` and ``branch`` see the draft module's
+    ``is_npu`` answer True (``draft_npu_check``), as on the NPU step 01 runs on: PR 1 decodes
+    there only."""
     if form not in UPSTREAM_FORMS:
         raise ValueError(f"step 01 launches {' or '.join(UPSTREAM_FORMS)}, not {form}")
     launch, path = FORMS[form], f"{tree}/python"
@@ -170,8 +174,8 @@ def upstream_plan(model: str, float_folder: str, tree: str, form: str = "F1") ->
         form_run("reference", model, launch, False, False, sglang_path=path),
         ServerRun("float", float_folder, True, False, draft_quantization=None, sglang_path=path),
         ServerRun("float_reference", float_folder, False, False, sglang_path=path),
-        form_run("stock", model, launch, True, False),
-        form_run("branch", model, launch, True, False, sglang_path=path),
+        form_run("stock", model, launch, True, False, draft_npu_check=True),
+        form_run("branch", model, launch, True, False, sglang_path=path, draft_npu_check=True),
     ]
     reference_of = {"float": "float_reference", "stock": "reference", "branch": "reference"}
     return Plan("upstream", runs, reference_of, draft_folder=model, launch=launch)

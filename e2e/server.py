@@ -84,6 +84,7 @@ SHOWN_ENVIRONMENT = (
     "PYTHONPATH",
     "SGLANG_PLUGINS",
     "SGLANG_CPU_OMP_THREADS_BIND",
+    "E2E_DRAFT_NPU_CHECK",
 )
 #: set in every server process's environment to its log's path: children inherit it, so any
 #: process of a server can be found (tests check that none outlives its run)
@@ -118,6 +119,9 @@ class ServerRun:
     #: an sglang source tree's ``python/`` put before the installed sglang (the feature
     #: branch, ``make upstream-tree``); None: the installed sglang
     sglang_path: str | None = None
+    #: the Qwen3.5 MTP module's ``is_npu`` answers True (``site/e2e_shim_npu_check.py``): the
+    #: upstream run's draft servers, since PR 1 decodes on an NPU only
+    draft_npu_check: bool = False
 
     @property
     def draft_folder(self) -> str | None:
@@ -181,6 +185,10 @@ class ServerRun:
             env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(
                 str(cores[rank % len(cores)]) for rank in range(self.tp_size)
             )
+        if self.draft_npu_check:
+            env["E2E_DRAFT_NPU_CHECK"] = "1"
+        else:
+            env.pop("E2E_DRAFT_NPU_CHECK", None)
         if self.plugin:
             env.pop("SGLANG_PLUGINS", None)
         else:

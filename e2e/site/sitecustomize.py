@@ -32,8 +32,10 @@ Ascend kernels sglang calls, computing what they compute):
    accepted by ``ModelSlimConfig``, and ``_get_quantization_config`` run with the loader's
    ``_is_npu`` set, so sglang's own NPU packed-module mapping applies.
 7. The Gated DeltaNet kernels' platform checks under the interpreter (``e2e_shim_gdn.py``).
+8. Only for the feature branch's run (``E2E_DRAFT_NPU_CHECK=1``): the Qwen3.5 MTP module's
+   ``is_npu`` answers True, as on the NPU step 01 launches on (``e2e_shim_npu_check.py``).
 
-Each of 5-7 announces its first use (``e2e_shim_hooks.say``) and the harness requires the
+Each of 5-8 announces its first use (``e2e_shim_hooks.say``) and the harness requires the
 lines of every server that needs it (``e2e/checks.py``).
 """
 
@@ -44,6 +46,7 @@ import sys
 
 import e2e_shim_gdn
 import e2e_shim_modelslim
+import e2e_shim_npu_check
 import e2e_shim_npu_ops
 from e2e_shim_hooks import after_import, say
 
@@ -111,6 +114,7 @@ def _install() -> None:
     e2e_shim_npu_ops.install()
     e2e_shim_modelslim.install()
     e2e_shim_gdn.install()
+    e2e_shim_npu_check.install()
 
 
 _install()

@@ -130,6 +130,32 @@ def test_the_upstream_plan_launches_step_01s_form_on_the_tree():
         plan.upstream_plan("/m/w8a8", "/m/float", "/tree", form="F2")
 
 
+def test_the_upstream_plans_draft_servers_see_the_npu_answer_and_must_announce_it(tmp_path):
+    """PR 1 decodes on an NPU only: the upstream run's stock and branch servers get the draft
+    module's ``is_npu`` answered True (``site/e2e_shim_npu_check.py``), and a server whose log
+    lacks the stand-in's line fails the run; no other plan sets it."""
+    import sys
+
+    sys.path.insert(0, str(checks.__file__).rsplit("/", 1)[0] + "/site")
+    try:
+        import e2e_shim_npu_check
+    finally:
+        sys.path.pop(0)
+    assert e2e_shim_npu_check.E2E_DRAFT_NPU_CHECK_LINE == checks.DRAFT_NPU_CHECK_LINE
+    runs = {r.label: r for r in plan.upstream_plan("/m/w8a8", "/m/float", "/tree").runs}
+    checked = {label for label, run in runs.items() if run.draft_npu_check}
+    assert checked == {"stock", "branch"}
+    assert runs["branch"].environment()["E2E_DRAFT_NPU_CHECK"] == "1"
+    assert "E2E_DRAFT_NPU_CHECK" not in runs["reference"].environment()
+    assert not any(r.draft_npu_check for r in plan.one_folder_plan("/m/w8a8", None).runs)
+    log = tmp_path / "branch.log"
+    log.write_text("no stand-in line\n")
+    result = SimpleNamespace(run=runs["branch"], log_path=str(log))
+    assert any("did not announce" in f for f in checks.check_shims({"branch": result}))
+    log.write_text(f"{checks.SHIM_MARK} {checks.DRAFT_NPU_CHECK_LINE} (pid 1)\n")
+    assert checks.check_shims({"branch": result}) == []
+
+
 def test_without_a_float_folder_or_in_short_there_is_no_float_run():
     for p in (
         plan.one_folder_plan("/m/w8a8", None),
