@@ -163,6 +163,21 @@ def test_every_form_is_answered_and_the_cheapest_that_serves_recommended(float_e
     assert answers["F2"].stock.startswith("does not start (ValueError: Unsupported ModelSlim")
 
 
+def test_a_target_with_float_experts_stops_stock_in_every_form_and_the_plugin_serves_each():
+    """The bundled ``moe_float_experts`` export: its backbone's routed experts are FLOAT too,
+    and the target is built with ModelSlim in every form (auto-detected in F1/F3), so stock
+    sglang stops at the target's first MoE layer whatever the draft flags (as its server did:
+    docs/results.md); with the plugin every form serves. Without the target check the doctor
+    said "serves garbage" for F1/F3 there."""
+    report = doctor(os.path.join(E2E, "moe_float_experts"), "F1", forms=True)
+    answers = {a.key: a for a in report.forms}
+    assert list(answers) == ["F1", "F2", "F3", "F4"]
+    for answer in answers.values():
+        assert answer.stock.startswith("does not start: the target's model.layers.0.mlp.experts")
+        assert answer.stock_serves is False and answer.plugin_serves
+    assert report.recommended.startswith("F2 (--quantization modelslim) or F4 (")
+
+
 # -- the per-release rule ----------------------------------------------------------------------
 
 

@@ -71,7 +71,10 @@ def build_as_plugin(
 
 
 def read_description(folder: str) -> dict[str, object]:
-    path = os.path.join(folder, DESCRIPTION_NAME)
+    return read_description_file(os.path.join(folder, DESCRIPTION_NAME))
+
+
+def read_description_file(path: str) -> dict[str, object]:
     try:
         with open(path, encoding="utf-8") as handle:
             found = json.load(handle)
@@ -93,13 +96,31 @@ def answer_every_form(
     device = launch.device if launch is not None else "npu"
     if report.error_kind is not None or report.description_file is None or device != "npu":
         return  # the forms are the launches of a ModelSlim export on NPU
+    target_stop = target_startup_stop(read_description_file(report.description_file))
     for form in FORMS:
         answer = diagnose_launch(with_quantization(launch, path, form.flags))
-        report.forms.append(_answer(form, answer))
+        report.forms.append(_answer(form, answer, target_stop))
     report.recommended = recommend(report.forms)
 
 
-def _answer(form: Form, answer: Diagnosis) -> FormAnswer:
+def target_startup_stop(description: dict[str, object]) -> str | None:
+    """Why stock sglang stops before any form's draft is built, or None: the target is built
+    with ModelSlim in every launch of a ModelSlim export (auto-detected when no flag is given),
+    and a target MoE layer with FLOAT experts has no ModelSlim MoE scheme (sglang #34211). The
+    plugin's own plan (``float_layers.moe_layer_plan``) names those layers."""
+    from ...serving.float_layers import moe_layer_plan
+
+    plan = moe_layer_plan(description)
+    stopped = [layer for layer in plan.stock_fails if not layer.startswith("mtp.")]
+    if not stopped:
+        return None
+    return (
+        f"does not start: the target's {stopped[0]} is described with FLOAT experts, which "
+        "sglang's ModelSlim MoE schemes do not build (sglang #34211), in every form"
+    )
+
+
+def _answer(form: Form, answer: Diagnosis, target_stop: str | None = None) -> FormAnswer:
     if answer.built_quantized:
         built = f"quantized ({answer.built_quantized})"
         if answer.plugin_builds:
@@ -113,8 +134,8 @@ def _answer(form: Form, answer: Diagnosis) -> FormAnswer:
         label=form.label,
         flags=" ".join(form.flags),
         built=built,
-        stock=answer.stock_outcome or "-",
-        stock_serves=answer.stock_serves,
+        stock=target_stop or answer.stock_outcome or "-",
+        stock_serves=False if target_stop else answer.stock_serves,
         plugin=f"{answer.verdict} - {answer.reason}",
         plugin_serves=answer.verdict == OK,
         draft_bytes=answer.draft_bytes,
