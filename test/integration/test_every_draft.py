@@ -433,7 +433,8 @@ EXISTING = [
     *((os.path.join(MODELSLIM, n), "error" if n.startswith("qwen3_v0") else "ok")
       for n in sorted(os.listdir(MODELSLIM))
       if os.path.isfile(os.path.join(MODELSLIM, n, "config.json"))),
-    *((os.path.join(E2E, n), "ok") for n in sorted(os.listdir(E2E))),
+    *((os.path.join(E2E, n), "ok") for n in sorted(os.listdir(E2E))
+      if os.path.isfile(os.path.join(E2E, n, "config.json"))),
 ]  # fmt: skip
 
 
@@ -441,7 +442,7 @@ EXISTING = [
 def test_every_existing_fixture_keeps_its_verdict_for_any_platform(cli_json, flags):
     """The ModelSlim and e2e fixtures: the doctor's verdict (and its exit code) is the one it
     gave before launch flags and the quantized-draft guard, on every platform asked."""
-    assert len(EXISTING) == 26  # 19 ModelSlim fixtures (with config.json), 7 e2e ones
+    assert len(EXISTING) == 27  # 19 ModelSlim fixtures (with config.json), 8 e2e ones
     got = {}
     for folder, _ in EXISTING:
         code, report = cli_json("doctor", folder, *flags)

@@ -164,8 +164,11 @@ def float_moe_quant_method(
 ) -> Any:
     """AROUND ``ModelSlimConfig.get_quant_method``: None (sglang's unquantized MoE method) for a
     FusedMoE layer whose experts are all FLOAT, ``MixedPrecisionLayerError`` for one part FLOAT,
-    sglang's own answer for every other layer."""
-    num_experts = _fused_moe_experts(layer)
+    sglang's own answer for every other layer, and inside ``plugin.bypassed()`` (the CLI's
+    builds as stock sglang builds)."""
+    from .plugin import is_bypassed
+
+    num_experts = None if is_bypassed() else _fused_moe_experts(layer)
     if num_experts is None:
         return original(quant_config, layer, prefix, *args, **kwargs)
     precision = expert_precision(quant_config, prefix, num_experts)

@@ -165,6 +165,12 @@ def unresolvable(target: str) -> str | None:
 _BYPASS: contextvars.ContextVar[bool] = contextvars.ContextVar("mtp_dequant_bypass", default=False)
 
 
+def is_bypassed() -> bool:
+    """Whether this code runs inside ``bypassed()`` (the CLI's "as stock sglang" builds and
+    loads): every hook of the plugin then leaves sglang's own answer alone."""
+    return _BYPASS.get()
+
+
 @contextlib.contextmanager
 def bypassed() -> Iterator[None]:
     """Within this block every hooked ``load_weights`` runs sglang's own code only.

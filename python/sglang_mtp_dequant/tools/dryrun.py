@@ -99,11 +99,14 @@ def build_meta_draft(
     """
     from .cpu_sglang import build_draft, draft_model_config, prepare_cpu_process
     from .launch import default_launch
+    from .target_check import rmsnorm_kept
 
     launch = launch or default_launch(folder)
     prepare_cpu_process(folder, **launch.server_args())
     model_config = draft_model_config(folder)
-    with launch.platform():
+    # sglang's own build (the plugin's is adjust_quant_config); RMSNorm as it was afterwards:
+    # a ModelSlim description listing a norm.bias patches it for the whole process
+    with launch.platform(), bypassed(), rmsnorm_kept():
         model = build_draft(model_config, "meta", adjust_quant_config)
     return Built(model_config, model)
 

@@ -98,7 +98,7 @@ def check_target(folder: str, launch: Launch) -> TargetCheck:
             "methods only on Ascend NPU"
         )
     load_config = LoadConfig(load_format="auto")
-    with launch.platform(), _rmsnorm_kept():
+    with launch.platform(), rmsnorm_kept():
         config = sglang_private.unwrapped(_quantization_config())(model_config, load_config)
         model, prefixes = _build_on_meta(model_config, load_config, config)
         report = TargetCheck(class_name=type(model).__name__)
@@ -112,7 +112,7 @@ def check_target(folder: str, launch: Launch) -> TargetCheck:
 
 
 @contextlib.contextmanager
-def _rmsnorm_kept() -> Iterator[None]:
+def rmsnorm_kept() -> Iterator[None]:
     """``RMSNorm`` as it was before: sglang's ``ModelSlimConfig`` patches the class for the whole
     process when a description lists a ``norm.bias`` (a zero bias on every norm built after),
     and the check must leave the drafts this process builds next as they were."""
