@@ -16,6 +16,7 @@ draft load is that load's, kept by it (``load.py``), not here.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from dataclasses import dataclass
 
@@ -39,6 +40,16 @@ class DraftLaunch:
     revision: str | None
     download_dir: str | None
     load_format: str
+
+
+#: set while the CLI builds or loads a draft "as stock sglang would" (``plugin.bypassed``)
+BYPASS: contextvars.ContextVar[bool] = contextvars.ContextVar("mtp_dequant_bypass", default=False)
+
+
+def is_bypassed() -> bool:
+    """Whether this code runs inside ``plugin.bypassed()`` (the CLI's "as stock sglang" builds
+    and loads): every hook of the plugin then leaves sglang's own answer alone."""
+    return BYPASS.get()
 
 
 def sglang_version() -> str:

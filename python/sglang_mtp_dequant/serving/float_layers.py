@@ -166,9 +166,7 @@ def float_moe_quant_method(
     FusedMoE layer whose experts are all FLOAT, ``MixedPrecisionLayerError`` for one part FLOAT,
     sglang's own answer for every other layer, and inside ``plugin.bypassed()`` (the CLI's
     builds as stock sglang builds)."""
-    from .plugin import is_bypassed
-
-    num_experts = None if is_bypassed() else _fused_moe_experts(layer)
+    num_experts = None if context.is_bypassed() else _fused_moe_experts(layer)
     if num_experts is None:
         return original(quant_config, layer, prefix, *args, **kwargs)
     precision = expert_precision(quant_config, prefix, num_experts)

@@ -22,7 +22,6 @@ through the decoding stream, recorded and guarded. What each hook does: ``regist
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import importlib
 import logging
 import sys
@@ -162,13 +161,7 @@ def unresolvable(target: str) -> str | None:
 
 
 #: set while the CLI loads a draft "as stock sglang would" (``bypassed``)
-_BYPASS: contextvars.ContextVar[bool] = contextvars.ContextVar("mtp_dequant_bypass", default=False)
-
-
-def is_bypassed() -> bool:
-    """Whether this code runs inside ``bypassed()`` (the CLI's "as stock sglang" builds and
-    loads): every hook of the plugin then leaves sglang's own answer alone."""
-    return _BYPASS.get()
+_BYPASS = context.BYPASS
 
 
 @contextlib.contextmanager
