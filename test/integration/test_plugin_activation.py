@@ -82,7 +82,8 @@ def test_after_sglangs_hook_registry_reset_the_installed_hooks_are_reported(
     from sglang_mtp_dequant.serving.sglang_private import patched_targets
 
     present = [s.target for s in DRAFT_SPECS if _resolvable(s.target)]
-    assert len(present) == 7 and inactive_targets() == []
+    # every draft class this sglang has (7 on 0.5.23; 0.5.14 lacks one)
+    assert len(present) >= 6 and inactive_targets() == []
     hook_registry_restored.reset()  # sglang's own test helper
     assert not patched_targets()  # the registry forgot what it applied ...
     for target in present:  # ... while every wrapper is still there
