@@ -160,23 +160,20 @@ def unresolvable(target: str) -> str | None:
     return None
 
 
-#: set while the CLI loads a draft "as stock sglang would" (``bypassed``)
-_BYPASS = context.BYPASS
-
-
 @contextlib.contextmanager
 def bypassed() -> Iterator[None]:
-    """Within this block every hooked ``load_weights`` runs sglang's own code only.
+    """Within this block every hooked ``load_weights`` runs sglang's own code only, and the
+    FLOAT-layer hook (``float_layers``) gives sglang's own answer.
 
     For the CLI's "stock" loads: unwrapping the hooked method is not enough for a class whose
     own ``load_weights`` override calls ``super().load_weights`` (GLM-5's NextN), which reaches
     the hook through the parent.
     """
-    token = _BYPASS.set(True)
+    token = context.BYPASS.set(True)
     try:
         yield
     finally:
-        _BYPASS.reset(token)
+        context.BYPASS.reset(token)
 
 
 def sglang_dequantizes_drafts(load_weights: Callable[..., Any] | None = None) -> bool:
@@ -210,7 +207,7 @@ def make_load_weights_hook(spec: DraftSpec) -> LoadWeightsHook:
         *args: Any,
         **kwargs: Any,
     ) -> Any:
-        if _BYPASS.get():
+        if context.is_bypassed():
             return original(model, weights, *args, **kwargs)
         load = DraftLoad(spec, model)
         if load.quantization is None and sglang_dequantizes_drafts(original):
