@@ -214,9 +214,7 @@ class MoeLayerPlan:
 
 
 #: a routed expert's projection entry: (layer, expert, projection)
-_EXPERT_ENTRY = re.compile(
-    r"^(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$"
-)
+EXPERT_ENTRY = re.compile(r"^(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
 
 
 def moe_layers(description: Mapping[str, Any]) -> list[tuple[str, int]]:
@@ -225,7 +223,7 @@ def moe_layers(description: Mapping[str, Any]) -> list[tuple[str, int]]:
     than the highest expert index listed."""
     highest: dict[str, int] = {}
     for name in description:
-        match = _EXPERT_ENTRY.match(name) if isinstance(name, str) else None
+        match = EXPERT_ENTRY.match(name) if isinstance(name, str) else None
         if match:
             layer, expert = match.group(1), int(match.group(2))
             highest[layer] = max(highest.get(layer, -1), expert)

@@ -150,11 +150,6 @@ def why_built(release: str, quantization: str | None, draft: str | None) -> str:
 
 # -- the plugin's contract for a draft built quantized (F2 / F4) ------------------------------
 
-#: fused layers sglang builds from several checkpoint projections: one precision for all
-FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-_EXPERT = re.compile(
-    r"^(?P<layer>.+\.experts)\.\d+\.(?:gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$"
-)
 _PROJ = re.compile(r"^(?P<module>.+)\.(?P<proj>q_proj|k_proj|v_proj|gate_proj|up_proj)\.weight$")
 
 
@@ -190,10 +185,11 @@ def plugin_outcome_for_quantized_draft(
     """What the plugin does with ``draft_class`` built quantized from a checkpoint described by
     ``description``. MoE layers: the serving hook's own decision (``float_layers.moe_layer_plan``,
     the code that runs in the server): all experts FLOAT built unquantized, part FLOAT refused.
-    A fused linear (``FUSED``) part FLOAT, part quantized is refused too (sglang builds one
+    A fused linear (``DEFAULT_PACKED``) part FLOAT, part quantized is refused too (sglang builds one
     method per fused layer). ``is_draft``: which description entries are the draft's (default:
     ``mtp.*``, the Qwen MTP layout; NextN drafts pass their layer's rule)."""
-    from ...serving.float_layers import moe_layer_plan
+    from ...serving.float_layers import EXPERT_ENTRY, moe_layer_plan
+    from ...serving.parameter_names import DEFAULT_PACKED
 
     wanted = is_draft or _is_mtp
     plan = moe_layer_plan(description)
@@ -204,8 +200,8 @@ def plugin_outcome_for_quantized_draft(
     fused: dict[str, set[str]] = {}
     for name, scheme in description.items():
         proj = _PROJ.match(name) if isinstance(scheme, str) and wanted(name) else None
-        if proj and not _EXPERT.match(name):
-            layer = next(f for f, parts in FUSED.items() if proj["proj"] in parts)
+        if proj and not EXPERT_ENTRY.match(name):
+            layer = next(f for f, parts in DEFAULT_PACKED.items() if proj["proj"] in parts)
             fused.setdefault(f"{proj['module']}.{layer}", set()).add(str(scheme))
     for layer, schemes in sorted(fused.items()):
         if FLOAT in schemes and len(schemes) > 1:
