@@ -482,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     _write(args, table, footer, written, failures, machine)
     for failure in failures:
         print(f"FAILED: {failure}", flush=True)
+    if args.only:  # single cells: judged only against the whole table (--from-json)
+        print(f"e2e-forms fixtures={len(fixtures)} cells written; render with --from-json to check")
+        return 0
     print(f"e2e-forms fixtures={len(fixtures)} {'FAILED' if failures else 'passed'}", flush=True)
     return 1 if failures else 0
 
