@@ -172,7 +172,7 @@ def _form_bytes(folder: str, flags: list[str], tp: int, ep: int, rank: int) -> d
 
 def _built_bytes(folder: str, launch: Any) -> dict[str, Any]:
     from sglang_mtp_dequant.tools.cpu_sglang import build_draft, draft_model_config
-    from sglang_mtp_dequant.tools.doctor.form_table import read_description
+    from sglang_mtp_dequant.formats.description import read_description
     from sglang_mtp_dequant.tools.doctor.forms import (
         built_as_plugin_builds,
         plugin_outcome_for_quantized_draft,
@@ -185,7 +185,7 @@ def _built_bytes(folder: str, launch: Any) -> dict[str, Any]:
         try:
             model = build_draft(config, "meta")
         except Exception as exc:  # noqa: BLE001 - stock cannot build it: the plugin's build
-            outcome = plugin_outcome_for_quantized_draft(read_description(folder), "draft")
+            outcome = plugin_outcome_for_quantized_draft(read_description(folder).entries, "draft")
             if not outcome.float_layers or not outcome.serves:
                 return {"error": f"{type(exc).__name__}: {exc}"}
             model = build_draft(config, "meta", built_as_plugin_builds(outcome))

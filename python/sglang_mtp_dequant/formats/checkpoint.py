@@ -18,17 +18,14 @@ import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import compress, repeat
-from operator import not_
 
 import torch
 from safetensors import safe_open
 
 from ..errors import CheckpointFormatError
 from .config import CheckpointConfig, load_json
+from .description import DESCRIPTION_NAME, read_description
 from .foreign import DeclaredFormat, declared_format
-
-DESCRIPTION_NAME = "quant_model_description.json"
 
 
 @dataclass(frozen=True)
@@ -199,33 +196,12 @@ class Checkpoint:
     # -- the files ModelSlim writes ------------------------------------------------------
 
     def _read_description(self) -> None:
-        candidates = sorted(glob.glob(os.path.join(self.folder, "quant_model_description*.json")))
-        if not candidates:
-            return
-        exact = os.path.join(self.folder, DESCRIPTION_NAME)
-        path = exact if exact in candidates else candidates[0]
-        raw = load_json(path, "a ModelSlim quant_model_description", RESTORE)
-        if not isinstance(raw, dict):
-            raise CheckpointFormatError(
-                file=path,
-                problem=f"holds a JSON {type(raw).__name__}, not an object of tensor types",
-                hint="restore the quant_model_description.json msmodelslim wrote",
-            )
-        self.description_file = path
-        group_size = raw.get("group_size", 0)
-        # it lists every tensor: split in C-level passes, the few flags popped out of it
-        is_type = list(map(isinstance, raw.values(), repeat(str)))
-        flags = [] if all(is_type) else list(compress(raw, map(not_, is_type)))
-        self.description_flags = {k: raw.pop(k) for k in flags}
-        self.description = raw
-        self.format_version = raw.get("version")  # a string: every other value is a flag
-        if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 0:
-            raise CheckpointFormatError(
-                file=path,
-                problem=f"group_size is {group_size!r}, not a non-negative integer",
-                hint="restore the quant_model_description.json msmodelslim wrote",
-            )
-        self.group_size = group_size
+        described = read_description(self.folder)
+        self.description_file = described.file
+        self.description = described.entries
+        self.description_flags = described.flags
+        self.group_size = described.group_size
+        self.format_version = described.version
 
     def _check_index_files(
         self, wanted: Callable[[str], bool], parsed: Mapping[str, object]

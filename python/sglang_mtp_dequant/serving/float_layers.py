@@ -2,9 +2,8 @@
 
 Usage (``plugin.register`` arranges the hook in every sglang process)::
 
-    FLOAT_LAYER_HOOKS                                   # one AROUND hook on ModelSlimConfig
-    plan = moe_layer_plan(description)                  # the doctor's answer, no sglang needed
-    plan.built_unquantized, plan.refused, plan.stock, plan.stock_fails
+    FLOAT_LAYER_HOOKS           # one AROUND hook on ModelSlimConfig
+    # the same decision from a description alone: formats/description.py moe_layer_plan
 
 Why: a model built under ``ModelSlimConfig`` (the target; the draft too under
 ``--quantization modelslim`` or ``--speculative-draft-model-quantization modelslim``) asks
@@ -23,27 +22,19 @@ layer gets sglang's answer untouched, without a log line.
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import MixedPrecisionLayerError
+from ..formats.description import ExpertPrecision, expert_entries
 from . import context, sglang_private
 
 logger = logging.getLogger("sglang_mtp_dequant")
 
-#: the scheme ``quant_model_description.json`` gives a tensor stored as it is
-FLOAT = "FLOAT"
 #: the class whose ``get_quant_method`` every layer of a ModelSlim build asks
 MODELSLIM_CLASS = "ModelSlimConfig"
 GET_QUANT_METHOD_TARGET = (
     f"sglang.srt.layers.quantization.modelslim.modelslim.{MODELSLIM_CLASS}.get_quant_method"
-)
-#: the expert projection names ``get_moe_scheme`` tries, in its order: (gate, up, down)
-NAMING_CONVENTIONS: tuple[tuple[str, str, str], ...] = (
-    ("gate_proj", "up_proj", "down_proj"),
-    ("w1", "w3", "w2"),
 )
 #: the launch that builds an MTP draft unquantized (the plugin then dequantizes its codes)
 DRAFT_WAY_OUT = (
@@ -56,62 +47,6 @@ TARGET_WAY_OUT = (
     "msmodelslim giving every expert of the layer one precision (all quantized, or all "
     "excluded from the recipe)"
 )
-
-
-@dataclass(frozen=True)
-class ExpertPrecision:
-    """The description's schemes for one FusedMoE layer's expert projections."""
-
-    layer: str  # the prefix sglang builds the layer with
-    #: description entry -> scheme, every expert and projection the description lists
-    schemes: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def float_entries(self) -> list[str]:
-        return [name for name, scheme in self.schemes.items() if scheme == FLOAT]
-
-    @property
-    def quantized_entries(self) -> list[str]:
-        return [name for name, scheme in self.schemes.items() if scheme != FLOAT]
-
-    @property
-    def all_float(self) -> bool:
-        """Every projection of every expert the description lists is FLOAT (and it lists some)."""
-        return bool(self.schemes) and not self.quantized_entries
-
-    @property
-    def mixed(self) -> bool:
-        return bool(self.float_entries) and bool(self.quantized_entries)
-
-    def summary(self) -> str:
-        quantized = sorted(set(self.schemes[n] for n in self.quantized_entries))
-        return (
-            f"{self.layer}: {len(self.float_entries)} expert projection(s) FLOAT "
-            f"(e.g. {self.float_entries[0]}), {len(self.quantized_entries)} "
-            f"{'/'.join(quantized)} (e.g. {self.quantized_entries[0]})"
-        )
-
-
-def expert_entries(
-    description: Mapping[str, Any],
-    layer: str,
-    num_experts: int,
-    resolve: Callable[[str], str] = lambda prefix: prefix,
-) -> dict[str, str]:
-    """Description entry -> scheme of every ``layer.<e>.<proj>.weight`` listed, for the first
-    naming convention that lists expert 0 (as ``get_moe_scheme`` picks it); ``resolve`` maps a
-    module prefix to the one its entry is stored under (sglang's ``_resolve_quant_prefix``)."""
-    for names in NAMING_CONVENTIONS:
-        found: dict[str, str] = {}
-        for expert in range(num_experts):
-            for proj in names:
-                key = f"{resolve(f'{layer}.{expert}.{proj}')}.weight"
-                scheme = description.get(key)
-                if isinstance(scheme, str):
-                    found[key] = scheme
-        if any(key.endswith(f".0.{names[0]}.weight") for key in found):
-            return found
-    return {}
 
 
 def expert_precision(quant_config: Any, layer: str, num_experts: int) -> ExpertPrecision:
@@ -194,65 +129,6 @@ def _fused_moe_experts(layer: Any) -> int | None:
     if not isinstance(layer, FusedMoE):
         return None
     return int(getattr(layer, "num_experts", 0) or 0)
-
-
-# -- the doctor's view (no sglang) --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MoeLayerPlan:
-    """What the plugin does with each FusedMoE layer of a ModelSlim build (F2 / F4)."""
-
-    built_unquantized: tuple[str, ...]  # all experts FLOAT: sglang's unquantized MoE method
-    refused: tuple[ExpertPrecision, ...]  # part FLOAT: the start-up stops
-    stock: tuple[str, ...]  # left to sglang (quantized, or not described)
-
-    @property
-    def stock_fails(self) -> tuple[str, ...]:
-        """Layers stock sglang stops at (any FLOAT expert entry reaches ``get_moe_scheme``)."""
-        return (*self.built_unquantized, *(p.layer for p in self.refused))
-
-
-#: a routed expert's projection entry: (layer, expert, projection)
-EXPERT_ENTRY = re.compile(r"^(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
-
-
-def moe_layers(description: Mapping[str, Any]) -> list[tuple[str, int]]:
-    """``(layer, experts)`` of every routed-expert layer the description lists per expert
-    (``<layer>.<e>.gate_proj.weight``...), in the description's order; ``experts`` is one more
-    than the highest expert index listed."""
-    highest: dict[str, int] = {}
-    for name in description:
-        match = EXPERT_ENTRY.match(name) if isinstance(name, str) else None
-        if match:
-            layer, expert = match.group(1), int(match.group(2))
-            highest[layer] = max(highest.get(layer, -1), expert)
-    return [(layer, top + 1) for layer, top in highest.items()]
-
-
-def moe_layer_plan(
-    description: Mapping[str, Any], layers: Iterable[tuple[str, int]] | None = None
-) -> MoeLayerPlan:
-    """The hook's decision for each ``(prefix, num_experts)`` FusedMoE layer (default: every
-    layer ``moe_layers`` finds), from the parsed description alone: what the plugin does when
-    sglang builds a model with this description under ``ModelSlimConfig`` (the target in every
-    launch form of a ModelSlim folder; the draft too under ``--quantization modelslim`` or
-    ``--speculative-draft-model-quantization modelslim``). Prefixes are the checkpoint's;
-    sglang's aliases (``language_model.``, ``block_sparse_moe``) are not applied here."""
-    if layers is None:
-        layers = moe_layers(description)
-    unquantized: list[str] = []
-    refused: list[ExpertPrecision] = []
-    stock: list[str] = []
-    for layer, num_experts in layers:
-        precision = ExpertPrecision(layer, expert_entries(description, layer, num_experts))
-        if precision.mixed:
-            refused.append(precision)
-        elif precision.all_float:
-            unquantized.append(layer)
-        else:
-            stock.append(layer)
-    return MoeLayerPlan(tuple(unquantized), tuple(refused), tuple(stock))
 
 
 #: (target, AROUND hook, class the target's module must define): registered by ``plugin.register``

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UnservedLayerError
-from ..formats.layer_shards import (
+from ..formats.description import (
     WEIGHT,
     ShardScheme,
     is_quantized,

@@ -1,4 +1,5 @@
-"""``serving/float_layers.py``'s decision per MoE layer, from descriptions alone (no sglang):
+"""The FLOAT-layer decision per MoE layer (``formats/description.py``, which
+``serving/float_layers.py`` applies), from descriptions alone (no sglang):
 the committed fixtures' descriptions and hand-made ones. The hook itself, on sglang's real
 classes, is tested in ``test/integration/test_float_moe_layers.py``."""
 
@@ -10,6 +11,7 @@ import os
 import pytest
 
 from sglang_mtp_dequant.errors import MixedPrecisionLayerError
+from sglang_mtp_dequant.formats import description as described
 from sglang_mtp_dequant.serving import float_layers
 from support.paths import E2E
 
@@ -22,21 +24,21 @@ def description_of(fixture: str) -> dict:
 
 
 def test_float_experts_fixture_every_expert_layer_built_unquantized():
-    plan = float_layers.moe_layer_plan(description_of("moe_float_experts"))
+    plan = described.moe_layer_plan(description_of("moe_float_experts"))
     assert plan.built_unquantized == (*(f"model.layers.{i}.mlp.experts" for i in range(4)), MTP)
     assert plan.refused == () and plan.stock == ()
     assert plan.stock_fails == plan.built_unquantized
 
 
 def test_quantized_experts_are_left_to_sglang():
-    plan = float_layers.moe_layer_plan(description_of("moe_w8a8"))
+    plan = described.moe_layer_plan(description_of("moe_w8a8"))
     assert plan.built_unquantized == () and plan.refused == ()
     assert MTP in plan.stock and len(plan.stock) == 5
     assert plan.stock_fails == ()
 
 
 def test_a_dense_description_has_no_moe_layer():
-    assert float_layers.moe_layers(description_of("w8a8")) == []
+    assert described.moe_layers(description_of("w8a8")) == []
 
 
 def _experts(
@@ -56,7 +58,7 @@ def _experts(
     ],
 )
 def test_decision_per_layer(schemes, decision):
-    plan = float_layers.moe_layer_plan(_experts(schemes))
+    plan = described.moe_layer_plan(_experts(schemes))
     got = {
         "built_unquantized": plan.built_unquantized,
         "stock": plan.stock,
@@ -68,16 +70,16 @@ def test_decision_per_layer(schemes, decision):
 
 def test_w13_float_w2_quantized_is_refused():
     description = {**_experts({0: "FLOAT"}), f"{MTP}.0.down_proj.weight": "W8A8_DYNAMIC"}
-    assert [p.layer for p in float_layers.moe_layer_plan(description).refused] == [MTP]
+    assert [p.layer for p in described.moe_layer_plan(description).refused] == [MTP]
 
 
 def test_w1_w3_w2_naming_is_read_as_sglang_reads_it():
     description = _experts({0: "FLOAT", 1: "FLOAT"}, names=("w1", "w3", "w2"))
-    assert float_layers.moe_layer_plan(description).built_unquantized == (MTP,)
+    assert described.moe_layer_plan(description).built_unquantized == (MTP,)
 
 
 def test_refusal_names_the_layer_an_example_of_each_precision_and_the_launch():
-    precision = float_layers.ExpertPrecision(MTP, _experts({0: "FLOAT", 1: "W8A8_DYNAMIC"}))
+    precision = described.ExpertPrecision(MTP, _experts({0: "FLOAT", 1: "W8A8_DYNAMIC"}))
     error = float_layers.refusal(precision)
     assert isinstance(error, MixedPrecisionLayerError) and error.layer == MTP
     text = str(error)
@@ -89,6 +91,6 @@ def test_refusal_names_the_layer_an_example_of_each_precision_and_the_launch():
 
 def test_refusal_of_a_layer_not_under_mtp_names_both_ways_out():
     layer = "model.layers.3.mlp.experts"
-    precision = float_layers.ExpertPrecision(layer, _experts({0: "FLOAT", 1: "W8A8"}, layer))
+    precision = described.ExpertPrecision(layer, _experts({0: "FLOAT", 1: "W8A8"}, layer))
     hint = float_layers.refusal(precision).hint
     assert "--speculative-draft-model-quantization unquant" in hint and "re-export" in hint

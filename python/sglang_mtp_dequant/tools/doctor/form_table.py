@@ -13,12 +13,11 @@ the least memory among those the doctor answers ``ok`` for (it serves right with
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ...formats.checkpoint import DESCRIPTION_NAME
+from ...errors import CheckpointFormatError
+from ...formats.description import moe_layer_plan, read_description
 from ...serving.context import sglang_version
 from ..draft_memory import size_text
 from ..verdicts import OK
@@ -49,7 +48,10 @@ def build_as_plugin(
     namespace = launch.namespace if launch is not None else None
     quantization = getattr(namespace, "quantization", None)
     given = getattr(namespace, "speculative_draft_model_quantization", None)
-    description = read_description(source.folder)
+    try:
+        description = read_description(source.folder).entries
+    except CheckpointFormatError:
+        return None  # the checkpoint's reading reports it
     if not description or draft_quantization(sglang_version(), quantization, given) is None:
         return None
     outcome = plugin_outcome_for_quantized_draft(description, report.draft_class or "the draft")
@@ -70,19 +72,6 @@ def build_as_plugin(
     return build_meta_draft(source.folder, launch, built_as_plugin_builds(outcome))
 
 
-def read_description(folder: str) -> dict[str, object]:
-    return read_description_file(os.path.join(folder, DESCRIPTION_NAME))
-
-
-def read_description_file(path: str) -> dict[str, object]:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            found = json.load(handle)
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
 def answer_every_form(
     report: Diagnosis,
     diagnose_launch: Callable[[Launch], Diagnosis],
@@ -96,7 +85,7 @@ def answer_every_form(
     device = launch.device if launch is not None else "npu"
     if report.error_kind is not None or report.description_file is None or device != "npu":
         return  # the forms are the launches of a ModelSlim export on NPU
-    target_stop = target_startup_stop(read_description_file(report.description_file))
+    target_stop = target_startup_stop(read_description(report.folder).entries)
     for form in FORMS:
         answer = diagnose_launch(with_quantization(launch, path, form.flags))
         report.forms.append(_answer(form, answer, target_stop))
@@ -108,8 +97,6 @@ def target_startup_stop(description: dict[str, object]) -> str | None:
     with ModelSlim in every launch of a ModelSlim export (auto-detected when no flag is given),
     and a target MoE layer with FLOAT experts has no ModelSlim MoE scheme (sglang #34211). The
     plugin's own plan (``float_layers.moe_layer_plan``) names those layers."""
-    from ...serving.float_layers import moe_layer_plan
-
     plan = moe_layer_plan(description)
     stopped = [layer for layer in plan.stock_fails if not layer.startswith("mtp.")]
     if not stopped:

@@ -27,8 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: the scheme a ModelSlim description gives a tensor stored as it is
-FLOAT = "FLOAT"
+from ...formats.description import EXPERT_ENTRY, FLOAT, moe_layer_plan
 QUANTIZATION = "--quantization"
 DRAFT_QUANTIZATION = "--speculative-draft-model-quantization"
 
@@ -188,7 +187,6 @@ def plugin_outcome_for_quantized_draft(
     A fused linear (``DEFAULT_PACKED``) part FLOAT, part quantized is refused too (sglang builds one
     method per fused layer). ``is_draft``: which description entries are the draft's (default:
     ``mtp.*``, the Qwen MTP layout; NextN drafts pass their layer's rule)."""
-    from ...serving.float_layers import EXPERT_ENTRY, moe_layer_plan
     from ...serving.parameter_names import DEFAULT_PACKED
 
     wanted = is_draft or _is_mtp

@@ -1,4 +1,4 @@
-"""``formats/layer_shards.py`` on the description msmodelslim's Qwen3.6-27B recipe wrote for the
+"""``formats/description.py`` on the description msmodelslim's Qwen3.6-27B recipe wrote for the
 bundled hybrid model (``test/fixtures/e2e/hybrid_qwen36_recipe``) and on hand-made variants."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from sglang_mtp_dequant.formats.layer_shards import (
+from sglang_mtp_dequant.formats.description import (
     ShardScheme,
     is_quantized,
     quantized_leaves,
