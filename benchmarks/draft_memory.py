@@ -171,8 +171,8 @@ def _form_bytes(folder: str, flags: list[str], tp: int, ep: int, rank: int) -> d
 
 
 def _built_bytes(folder: str, launch: Any) -> dict[str, Any]:
-    from sglang_mtp_dequant.tools.cpu_sglang import build_draft, draft_model_config
     from sglang_mtp_dequant.formats.description import read_description
+    from sglang_mtp_dequant.tools.cpu_sglang import build_draft, draft_model_config
     from sglang_mtp_dequant.tools.doctor.forms import (
         built_as_plugin_builds,
         plugin_outcome_for_quantized_draft,

@@ -24,7 +24,7 @@ from safetensors import safe_open
 
 from ..errors import CheckpointFormatError
 from .config import CheckpointConfig, load_json
-from .description import DESCRIPTION_NAME, read_description
+from .description import read_description
 from .foreign import DeclaredFormat, declared_format
 
 

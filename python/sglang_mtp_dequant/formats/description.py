@@ -6,7 +6,7 @@ Usage::
     described.type_of("mtp.fc.weight")                         # "W8A8_DYNAMIC"
     scheme_of(described.entries, "model.layers.0.mlp.down_proj")  # the ``.weight`` entry's type
     shard_schemes(described.entries, ["...in_proj_qkv", "...in_proj_z"])   # [ShardScheme, ...]
-    moe_layer_plan(described.entries)    # which FusedMoE layers are all FLOAT, part FLOAT, quantized
+    moe_layer_plan(described.entries)    # FusedMoE layers all FLOAT, part FLOAT, quantized
 
 Why one home: ``quant_model_description.json`` says, per checkpoint tensor, ``FLOAT`` or a
 quantized type (``W8A8_DYNAMIC``, ``W8A16``, ...), and a few flags (``version``, ``group_size``,

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...formats.description import EXPERT_ENTRY, FLOAT, moe_layer_plan
+
 QUANTIZATION = "--quantization"
 DRAFT_QUANTIZATION = "--speculative-draft-model-quantization"
 
