@@ -13,7 +13,7 @@ the least memory among those the doctor answers ``ok`` for (it serves right with
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from ...errors import CheckpointFormatError
@@ -92,7 +92,7 @@ def answer_every_form(
     report.recommended = recommend(report.forms)
 
 
-def target_startup_stop(description: dict[str, object]) -> str | None:
+def target_startup_stop(description: Mapping[str, object]) -> str | None:
     """Why stock sglang stops before any form's draft is built, or None: the target is built
     with ModelSlim in every launch of a ModelSlim export (auto-detected when no flag is given),
     and a target MoE layer with FLOAT experts has no ModelSlim MoE scheme (sglang #34211). The
