@@ -5,6 +5,7 @@ Usage::
     built = build_meta_draft(folder, launch)          # tools/dryrun.py: sglang's class on meta
     draft_parameter_bytes(built.model)                 # 851,443,712
     bytes_by_dtype(built.model)                        # {"bfloat16": ..., "int8": ...}
+    vocab_copy_bytes(built.model)                      # the draft's own embed_tokens + lm_head
     size_text(851_443_712)                             # "812.0 MiB"
 
 Why on the meta device: sglang's own class, built for the launch (its quantization config,
@@ -40,6 +41,18 @@ def _own_parameters(
 def draft_parameter_bytes(model: torch.nn.Module, from_target: Iterable[str] = FROM_TARGET) -> int:
     """The bytes of ``model``'s parameters on this rank, less those taken from the target."""
     return sum(p.numel() * p.element_size() for _, p in _own_parameters(model, from_target))
+
+
+def vocab_copy_bytes(model: torch.nn.Module, from_target: Iterable[str] = FROM_TARGET) -> int:
+    """The bytes of the parameters the draft takes from the target (its own vocab-sized
+    ``embed_tokens`` / ``lm_head`` on this rank): what stock sglang 0.5.23 still holds when
+    the KV pool is sized, since the EAGLE worker shares them only afterwards."""
+    taken = tuple(from_target)
+    return sum(
+        p.numel() * p.element_size()
+        for name, p in model.named_parameters()
+        if any(part in taken for part in name.split("."))
+    )
 
 
 def bytes_by_dtype(

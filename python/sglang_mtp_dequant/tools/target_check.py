@@ -62,6 +62,21 @@ class TargetCheck:
             )
         ]
 
+    def outcome(self) -> TargetOutcome | None:
+        """The target's part of a launch form's answer (the doctor's form table), or None when
+        stock sglang builds every target layer right (or the target was not checked)."""
+        if self.not_checked or not self.stock:
+            return None
+        return TargetOutcome(
+            stock=f"{len(self.stock)} target layer(s) load raw codes ({_layers(self.stock[:1])})",
+            plugin=(
+                f"refused at start-up: {len(self.refused)} target layer(s) no method takes"
+                if self.refused
+                else f"{len(self.stock)} target layer(s) served right"
+            ),
+            plugin_serves=not self.refused,
+        )
+
     def problems(self) -> list[str]:
         if not self.refused:
             return []
@@ -71,6 +86,15 @@ class TargetCheck:
             "their int8 codes as weights): re-export them FLOAT, or quantized with a scheme "
             "sglang's ModelSlim serves for linear layers (W8A8_DYNAMIC, W8A8)"
         ]
+
+
+@dataclass(frozen=True)
+class TargetOutcome:
+    """What stock sglang and the plugin make of a launch's target, in a form-table cell."""
+
+    stock: str  # stock's outcome (stock does not serve it right: there would be no outcome)
+    plugin: str
+    plugin_serves: bool
 
 
 def _layers(found: list[UnservedLayer]) -> str:
@@ -153,7 +177,9 @@ def _build_on_meta(
                 return build(model_config, load_config, quant_config), prefixes
 
 
-def report_into(notes: list[str], problems: list[str], folder: str, launch: Launch) -> None:
+def report_into(
+    notes: list[str], problems: list[str], folder: str, launch: Launch
+) -> TargetCheck | None:
     """``check_target``'s notes and problems added to a doctor or verify report. A target
     sglang cannot build on this CPU (a config the draft needs not, an NPU op looked up at build
     time) adds nothing to the report: the draft's answer stands, and the reason goes to the
@@ -167,6 +193,7 @@ def report_into(notes: list[str], problems: list[str], folder: str, launch: Laun
             type(exc).__name__,
             exc,
         )
-        return
+        return None
     notes.extend(check.notes())
     problems.extend(check.problems())
+    return check
