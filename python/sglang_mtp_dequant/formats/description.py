@@ -6,13 +6,14 @@ Usage::
     described.type_of("mtp.fc.weight")                         # "W8A8_DYNAMIC"
     scheme_of(described.entries, "model.layers.0.mlp.down_proj")  # the ``.weight`` entry's type
     shard_schemes(described.entries, ["...in_proj_qkv", "...in_proj_z"])   # [ShardScheme, ...]
-    moe_layer_plan(described.entries)    # FusedMoE layers all FLOAT, part FLOAT, quantized
+    draft_layers(described.entries)("model.layers.92.mlp.experts.0.up_proj.weight")   # True
+    described_as(described.entries, "model.decoder.mlp.experts")   # "model.layers.92.mlp.experts"
+    moe_layer_plan(described.entries, is_draft)  # FusedMoE layers all FLOAT, part FLOAT, quantized
 
 Why one home: ``quant_model_description.json`` says, per checkpoint tensor, ``FLOAT`` or a
-quantized type (``W8A8_DYNAMIC``, ``W8A16``, ...), and a few flags (``version``, ``group_size``,
-``is_rot_used``, ``metadata``). The plan, the serving hooks (on sglang's parsed copy), the
-doctor, verify, the server harness and the benchmarks all ask it the same questions; each
-answer is written here once. No tensor is read; nothing of sglang is imported.
+quantized type, and a few flags. The plan, the serving hooks, the doctor, verify, the server
+harness and the benchmarks all ask it the same questions; each answer is written here once. No
+tensor is read; nothing of sglang is imported.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from operator import not_
 
 from ..errors import CheckpointFormatError
 from .config import load_json
+from .naming import NameRule, mtp_prefix
 
 DESCRIPTION_NAME = "quant_model_description.json"
 #: the description's type for a tensor stored as is
@@ -138,6 +140,50 @@ def quantized_leaves(description: Mapping[str, object], leaves: Collection[str])
     return found
 
 
+# -- which layers are the draft's ------------------------------------------------------------
+
+#: the module sglang's NextN draft classes build their one layer as (DeepSeek / GLM NextN; on
+#: NPU DeepSeek's names it ``model.layers.<n>`` when the draft is the target's folder)
+NEXTN_MODULE = "model.decoder"
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def nextn_layer_of(description: Mapping[str, object]) -> str | None:
+    """``model.layers.<n>`` of the NextN draft layer of a description with no ``mtp`` name: the
+    highest layer it lists, the one after the target's last (``naming.nextn_layer``'s
+    ``num_hidden_layers``, which sglang's loader maps to ``model.decoder``); else None."""
+    highest = -1
+    for name in description:
+        if "mtp" in name:
+            return None
+        match = _LAYER.match(name)
+        if match:
+            highest = max(highest, int(match.group(1)))
+    return f"model.layers.{highest}" if highest >= 0 else None
+
+
+def draft_layers(description: Mapping[str, object]) -> NameRule:
+    """Which description entries (and sglang prefixes) are the draft's: every ``mtp`` name
+    (``naming.mtp_prefix``, Qwen's MTP classes), else the NextN layer's, under its checkpoint
+    name or sglang's ``model.decoder``. Where the draft class is known, its own rule
+    (``DraftSpec.draft_names``) says the same."""
+    nextn = nextn_layer_of(description)
+    if nextn is None:
+        return mtp_prefix()
+    prefixes = (f"{nextn}.", f"{NEXTN_MODULE}.")
+    return lambda name: f"{name}.".startswith(prefixes)
+
+
+def described_as(description: Mapping[str, object], prefix: str) -> str:
+    """The description's prefix for a layer sglang builds as ``prefix``: a NextN draft's
+    ``model.decoder.X`` is ``model.layers.<n>.X``, as sglang's loader maps the checkpoint's
+    names (``deepseek_weight_loader``'s ``nextn_layer_prefix``); any other prefix is itself."""
+    if not f"{prefix}.".startswith(f"{NEXTN_MODULE}."):
+        return prefix
+    nextn = nextn_layer_of(description)
+    return prefix if nextn is None else nextn + prefix[len(NEXTN_MODULE) :]
+
+
 # -- MoE layers: one precision per FusedMoE ------------------------------------------------------
 
 #: the expert projection names sglang's ``get_moe_scheme`` tries, in its order: (gate, up, down)
@@ -221,6 +267,11 @@ class MoeLayerPlan:
     def stock_fails(self) -> tuple[str, ...]:
         """Layers stock sglang stops at (any FLOAT expert entry reaches ``get_moe_scheme``)."""
         return (*self.built_unquantized, *(p.layer for p in self.refused))
+
+    def target_stops(self, is_draft: NameRule) -> tuple[str, ...]:
+        """The target's layers of ``stock_fails`` (``is_draft``: the draft's rule): stock sglang
+        stops there in every launch form, the target being built with ModelSlim in all four."""
+        return tuple(layer for layer in self.stock_fails if not is_draft(f"{layer}."))
 
 
 def moe_layers(description: Mapping[str, object]) -> list[tuple[str, int]]:

@@ -207,12 +207,12 @@ def _packed_module_mappings() -> list[tuple[dict, dict]]:
 
 @contextlib.contextmanager
 def npu_quantization_rule() -> Iterator[None]:
-    """While a draft is built, sglang's quantization decisions answer as on NPU (the platform
-    this plugin serves): the draft classes' own rule builds Qwen3.5/3.6, Qwen3-Next, GLM-4.5
-    and GLM-4.7-Flash drafts unquantized whenever the draft quantization is unset, and the
-    loader gives a ModelSlim-quantized draft the packed-module mapping that maps its fused
-    ``qkv_proj`` / ``gate_up_proj`` to their schemes. Only those clauses read the flags while
-    the class is built (the others are in ``forward``), so nothing else of the build changes."""
+    """While a draft is built, sglang's platform decisions answer as on NPU (the platform this
+    plugin serves): the draft classes' own rule builds Qwen3.5/3.6, Qwen3-Next, GLM-4.5 and
+    GLM-4.7-Flash drafts unquantized when the draft quantization is unset; the loader gives a
+    ModelSlim draft the packed-module mapping of its fused ``qkv_proj`` / ``gate_up_proj``;
+    DeepSeek's NextN names its layer ``model.layers.<n>`` (where its ModelSlim schemes are looked
+    up). Only these clauses read the platform while a class is built."""
     import importlib
 
     from ..serving import sglang_private
@@ -230,16 +230,32 @@ def npu_quantization_rule() -> Iterator[None]:
         sglang_private.set_draft_module_is_npu(module, lambda: True)
     loader_was_npu = sglang_private.loader_is_npu()
     sglang_private.set_loader_is_npu(True)
+    nextn_was_npu = sglang_private.nextn_module_is_npu()
+    sglang_private.set_nextn_module_is_npu(True)
     mappings = _packed_module_mappings()
+    stand_in = not hasattr(torch.Tensor, "npu")
+    if stand_in:  # QuaRot's rot.weight, moved to the NPU as DeepSeek's NextN reads it
+        setattr(torch.Tensor, "npu", _tensor_stays)  # noqa: B010
     try:
         yield
     finally:
+        if stand_in:
+            delattr(torch.Tensor, "npu")
         for mapping, before in mappings:
             mapping.clear()
             mapping.update(before)
+        sglang_private.set_nextn_module_is_npu(nextn_was_npu)
         sglang_private.set_loader_is_npu(loader_was_npu)
         for module, function in saved:
             sglang_private.set_draft_module_is_npu(module, function)
+
+
+def _tensor_stays(tensor: torch.Tensor, *_args: object, **_kwargs: object) -> torch.Tensor:
+    _USED["npu-tensor"] = (
+        "CPU stand-in: while the draft was built as on NPU, Tensor.npu() (torch_npu's, absent "
+        "here) kept the tensor on the CPU (DeepSeek's NextN moves QuaRot's rot.weight with it)"
+    )
+    return tensor
 
 
 NPU_KERNEL_NOTE = (

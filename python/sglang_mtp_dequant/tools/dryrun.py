@@ -111,6 +111,17 @@ def build_meta_draft(
     return Built(model_config, model)
 
 
+def draft_architecture(folder: str) -> str | None:
+    """The draft class sglang's draft ``ModelConfig`` names for ``folder`` (its context published
+    by ``build_meta_draft``), or None where that config cannot be made."""
+    from .cpu_sglang import draft_model_config
+
+    try:
+        return str(draft_model_config(folder).hf_config.architectures[0])
+    except Exception:  # noqa: BLE001 - the build's own error says why
+        return None
+
+
 def simulate_load(
     built: Built,
     checkpoint: Checkpoint,
