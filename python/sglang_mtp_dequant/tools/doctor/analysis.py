@@ -126,8 +126,9 @@ def _target(
         cells.append(f"stock does not start at {where} (FLOAT experts), the plugin {done}")
     check = report_into(report.notes, report.problems, source.folder, launch) if built else None
     outcome = check.outcome() if check is not None else None
-    if outcome is not None:
-        cells.append(f"stock: {outcome.stock}; with the plugin: {outcome.plugin}")
+    if outcome is not None:  # its layers are named in the notes: the counts here
+        report.target_garbage = outcome.stock.split(" (")[0]
+        cells.append(f"stock {report.target_garbage}, with the plugin {outcome.plugin}")
     report.target = "; ".join(cells)
 
 
@@ -617,6 +618,11 @@ def _settle_stock(report: Diagnosis) -> None:
         )
     else:
         _stock_by_tensor(report, version, draft)
+    if report.target_garbage and not report.target_stop:
+        report.stock_serves = False
+        report.stock += f"; its target: {report.target_garbage}"
+        if report.stock_outcome in ("serves right", "no draft tensors"):
+            report.stock_outcome = "serves garbage (at the target)"
 
 
 STOCK_SILENT = "copies the raw codes into a float parameter: silent misload"

@@ -102,6 +102,8 @@ class Diagnosis:
     stock_garbage: list[str] = field(default_factory=list)
     #: why stock sglang stops at the target in every form (its MoE layers with FLOAT experts)
     target_stop: str = ""
+    #: how many target layers stock sglang loads as raw codes (``TargetCheck.outcome``)
+    target_garbage: str = ""
     target: str = ""  # the target's cell of the form table ("": nothing wrong with it)
     #: the short form of ``stock``, and whether stock sglang serves this draft right
     stock_outcome: str = ""
