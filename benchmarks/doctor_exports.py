@@ -33,7 +33,7 @@ EXPORTS = (
     (os.path.join(MODELSLIM, "glm5_w8a8_mtp"), "GLM-5 W8A8, NextN layer quantized"),
     (os.path.join(MODELSLIM, "glm5_w8a8_nextn_float"), "GLM-5 W8A8, NextN layer FLOAT"),
     (os.path.join(MODELSLIM, "deepseek_v3_w8a8_dynamic_mix_mtp"), "DeepSeek-V3, NextN quantized"),
-    (os.path.join(MODELSLIM, "deepseek_v3_w8a8_dynamic_mix_nextn_float"), "DeepSeek-V3, NextN FLOAT"),
+    (os.path.join(MODELSLIM, "deepseek_v3_w8a8_dynamic_mix_nextn_float"), "DeepSeek-V3 NextN FLOAT"),
     (os.path.join(MODELSLIM, "q35_dense_w8a16_asym"), "Qwen3.5 dense, W8A16"),
     (os.path.join(MODELSLIM, "q35_dense_wfp8afp8_dynamic"), "Qwen3.5 dense, WFP8AFP8_DYNAMIC"),
     (os.path.join(MODELSLIM, "q35_dense_w4a8_dynamic"), "Qwen3.5 dense, W4A8_DYNAMIC"),
@@ -50,7 +50,7 @@ def rows() -> list[str]:
     from sglang_mtp_dequant.tools.launch import parse_launch
 
     out = [
-        "| export | form | stock sglang 0.5.23 | with the plugin | draft per rank, with the plugin |",
+        "| export | form | stock sglang 0.5.23 | with the plugin | draft per rank (plugin) |",
         "|---|---|---|---|---|",
     ]
     for folder, what in EXPORTS:
@@ -76,7 +76,8 @@ def main() -> int:
     started = time.perf_counter()
     table = "\n".join(rows())
     print(table)
-    print(f"doctor_exports: {len(EXPORTS)} exports x 4 forms in {time.perf_counter() - started:.0f} s")
+    took = time.perf_counter() - started
+    print(f"doctor_exports: {len(EXPORTS)} exports x 4 forms in {took:.0f} s")
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as handle:
             handle.write(table + "\n")
