@@ -33,7 +33,10 @@ EXPORTS = (
     (os.path.join(MODELSLIM, "glm5_w8a8_mtp"), "GLM-5 W8A8, NextN layer quantized"),
     (os.path.join(MODELSLIM, "glm5_w8a8_nextn_float"), "GLM-5 W8A8, NextN layer FLOAT"),
     (os.path.join(MODELSLIM, "deepseek_v3_w8a8_dynamic_mix_mtp"), "DeepSeek-V3, NextN quantized"),
-    (os.path.join(MODELSLIM, "deepseek_v3_w8a8_dynamic_mix_nextn_float"), "DeepSeek-V3 NextN FLOAT"),
+    (
+        os.path.join(MODELSLIM, "deepseek_v3_w8a8_dynamic_mix_nextn_float"),
+        "DeepSeek-V3, NextN FLOAT",
+    ),
     (os.path.join(MODELSLIM, "q35_dense_w8a16_asym"), "Qwen3.5 dense, W8A16"),
     (os.path.join(MODELSLIM, "q35_dense_wfp8afp8_dynamic"), "Qwen3.5 dense, WFP8AFP8_DYNAMIC"),
     (os.path.join(MODELSLIM, "q35_dense_w4a8_dynamic"), "Qwen3.5 dense, W4A8_DYNAMIC"),
