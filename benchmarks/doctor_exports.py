@@ -5,7 +5,7 @@ Usage (from the repository root; about 2 min on 2 cores)::
     .venv/bin/python benchmarks/doctor_exports.py [--markdown t.md]
 
 For each export, ``sglang-mtp-dequant doctor <folder> --device npu --speculative-algorithm
-EAGLE`` with each form's flags (``doctor/forms.py``), asked through the doctor's own function
+EAGLE`` with each form's flags (``tools/forms.py``), asked through the doctor's own function
 (what the CLI runs): sglang 0.5.23's draft built on the meta device as on NPU, its loader dry
 run stock and through the plugin. Prints the machine, then one row per export and form: the
 stock column, the plugin column (the doctor's verdict), the draft's bytes per rank with the
@@ -49,7 +49,7 @@ def rows() -> list[str]:
 
     ensure_torchvision_importable()
     from sglang_mtp_dequant.tools.doctor import diagnose
-    from sglang_mtp_dequant.tools.doctor.forms import FORMS
+    from sglang_mtp_dequant.tools.forms import FORMS
     from sglang_mtp_dequant.tools.launch import parse_launch
 
     out = [

@@ -5,7 +5,7 @@ Usage::
     .venv/bin/python benchmarks/draft_memory.py                      # every model below
     .venv/bin/python benchmarks/draft_memory.py --models qwen3.5-27b --json .cache/bench/memory.json
 
-What it measures: for each model, each launch form (``doctor/forms.py``: F1 flagless, F2
+What it measures: for each model, each launch form (``tools/forms.py``: F1 flagless, F2
 ``--quantization modelslim``, F3 ``--speculative-draft-model-quantization unquant``, F4
 ``--speculative-draft-model-quantization modelslim``) and each rank of the model's usual
 deployment, the bytes of the parameters sglang 0.5.23's own draft class creates on that rank
@@ -59,9 +59,9 @@ sys.path.insert(0, HERE)
 
 import support_on_path  # noqa: E402, F401  (test/ on sys.path, for support.*)
 
-from sglang_mtp_dequant.tools.doctor.forms import FORMS  # noqa: E402
+from sglang_mtp_dequant.tools.forms import FORMS  # noqa: E402
 
-#: the launch forms (key, flags): ``doctor/forms.py``'s
+#: the launch forms (key, flags): ``tools/forms.py``'s
 FORM_FLAGS = {key: list(form.flags) for key, form in FORMS.items()}
 
 

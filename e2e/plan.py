@@ -8,7 +8,7 @@ Usage::
     for run in plan.runs: ...            # in start order
     plan.reference_of["plugin"]          # "reference": the label whose tokens it must equal
 
-The launch forms are the package's (``sglang_mtp_dequant.tools.doctor.forms.FORMS``): the
+The launch forms are the package's (``sglang_mtp_dequant.tools.forms.FORMS``): the
 quantization flags users type for ONE ModelSlim folder served with EAGLE and no draft path
 (sglang drafts with the folder's own MTP head); everything else is the same launch. F1 flagless
 and F3 build the draft unquantized, F2 and F4 quantized; the target auto-detects ModelSlim
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from sglang_mtp_dequant.tools.doctor.forms import FORMS, MODELSLIM, Form
+from sglang_mtp_dequant.tools.forms import FORMS, MODELSLIM, Form
 
 from .server import ServerRun
 

@@ -40,7 +40,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from sglang_mtp_dequant.formats.description import DESCRIPTION_NAME as DESCRIPTION
-from sglang_mtp_dequant.tools.doctor.forms import MODELSLIM, draft_quantization
+from sglang_mtp_dequant.tools.forms import MODELSLIM, draft_quantization
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SITE = os.path.join(HERE, "site")

@@ -26,7 +26,7 @@ import re
 import pytest
 
 from sglang_mtp_dequant.tools.doctor import diagnose, render_text
-from sglang_mtp_dequant.tools.doctor.forms import FORMS
+from sglang_mtp_dequant.tools.forms import FORMS
 from sglang_mtp_dequant.tools.launch import parse_launch
 from support.paths import E2E, MODELSLIM
 

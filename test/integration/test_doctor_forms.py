@@ -19,7 +19,7 @@ import pytest
 
 from sglang_mtp_dequant.serving.context import sglang_version
 from sglang_mtp_dequant.tools.doctor import diagnose
-from sglang_mtp_dequant.tools.doctor.forms import (
+from sglang_mtp_dequant.tools.forms import (
     FORMS,
     RULES,
     draft_quantization,

@@ -108,7 +108,7 @@ def build_draft(
     """sglang's own draft class for ``model_config``, built the way ``DefaultModelLoader`` does
     (its quantization config, its dtype), on ``device`` (``"meta"``: shapes only).
     ``adjust_quant_config``: called with sglang's quantization config before the class is built
-    (the doctor's build of a draft as the plugin builds it: ``doctor/forms.py``)."""
+    (the build of a draft as the plugin builds it: ``float_layers.builds_as_the_plugin``)."""
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.model_loader.utils import set_default_torch_dtype
 

@@ -215,7 +215,7 @@ def with_quantization(
     launch: Launch | None, path: str, quantization_flags: Sequence[str]
 ) -> Launch:
     """The same launch (``launch``, or none for checkpoint ``path``) with its two quantization
-    flags replaced by ``quantization_flags`` (a launch form: ``doctor/forms.py``)."""
+    flags replaced by ``quantization_flags`` (a launch form: ``tools/forms.py``)."""
     names = ("--quantization", "--speculative-draft-model-quantization")
     words = without_flags(launch.flags if launch is not None else [], names)
     given_path = any(w == "--model-path" or w.startswith("--model-path=") for w in words)

@@ -34,7 +34,7 @@ from ...serving.narrowing import NARROW_ENV, FileChoice, choose_files, count_wal
 from ..preflight import check_model_path
 from ..resolve import resolve_checkpoint
 from ..target_check import report_into
-from .forms import MODELSLIM, draft_quantization, form_of, why_built
+from ..forms import MODELSLIM, draft_quantization, form_of, why_built
 from .model import Diagnosis, TensorRow
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..draft_memory import size_text
 from ..verdicts import OK
-from .forms import FORMS, Form, form_of
+from ..forms import FORMS, Form, form_of
 from .model import Diagnosis, FormAnswer
 
 if TYPE_CHECKING:
