@@ -10,10 +10,8 @@ Usage::
     described_as(described.entries, "model.decoder.mlp.experts")   # "model.layers.92.mlp.experts"
     moe_layer_plan(described.entries, is_draft)  # FusedMoE layers all FLOAT, part FLOAT, quantized
 
-Why one home: ``quant_model_description.json`` says, per checkpoint tensor, ``FLOAT`` or a
-quantized type, and a few flags. The plan, the serving hooks, the doctor, verify, the server
-harness and the benchmarks all ask it the same questions; each answer is written here once. No
-tensor is read; nothing of sglang is imported.
+Why one home: the plan, the serving hooks, the doctor, verify, the harness and the benchmarks
+ask the description the same questions; each answer is written here once (no sglang, no tensor).
 """
 
 from __future__ import annotations
@@ -122,10 +120,8 @@ def shard_schemes(description: Mapping[str, object], prefixes: Iterable[str]) ->
 
 
 def quantized_leaves(description: Mapping[str, object], leaves: Collection[str]) -> set[str]:
-    """The names among ``leaves`` that end the prefix of at least one quantized weight entry.
-
-    One pass over the description's keys, one ``str.endswith`` each (the leaves' suffixes at
-    once); only a key that ends in one of them is looked at further."""
+    """The names among ``leaves`` that end the prefix of at least one quantized weight entry
+    (one ``str.endswith`` per description key)."""
     wanted = frozenset(leaves)
     suffixes = tuple(f".{leaf}{WEIGHT}" for leaf in wanted)
     found: set[str] = set()
@@ -163,10 +159,9 @@ def nextn_layer_of(description: Mapping[str, object]) -> str | None:
 
 
 def draft_layers(description: Mapping[str, object]) -> NameRule:
-    """Which description entries (and sglang prefixes) are the draft's: every ``mtp`` name
-    (``naming.mtp_prefix``, Qwen's MTP classes), else the NextN layer's, under its checkpoint
-    name or sglang's ``model.decoder``. Where the draft class is known, its own rule
-    (``DraftSpec.draft_names``) says the same."""
+    """Which description entries (and sglang prefixes) are the draft's: every ``mtp`` name, else
+    the NextN layer's, under its checkpoint name or sglang's ``model.decoder`` (the draft class's
+    own rule, ``DraftSpec.draft_names``, says the same)."""
     nextn = nextn_layer_of(description)
     if nextn is None:
         return mtp_prefix()
@@ -290,11 +285,9 @@ def moe_layers(description: Mapping[str, object]) -> list[tuple[str, int]]:
 def moe_layer_plan(
     description: Mapping[str, object], layers: Iterable[tuple[str, int]] | None = None
 ) -> MoeLayerPlan:
-    """The FLOAT-layer hook's decision (``serving/float_layers.py``) for each
-    ``(prefix, num_experts)`` FusedMoE layer (default: every layer ``moe_layers`` finds), from
-    the description alone: what the plugin does when sglang builds a model with this
-    description under ``ModelSlimConfig``. Prefixes are the checkpoint's; sglang's aliases
-    (``language_model.``, ``block_sparse_moe``) are not applied here."""
+    """The FLOAT-layer hook's decision (``serving/float_layers.py``) for each ``(prefix,
+    num_experts)`` FusedMoE layer (default: every one ``moe_layers`` finds), from the description
+    alone, under the checkpoint's prefixes."""
     if layers is None:
         layers = moe_layers(description)
     unquantized: list[str] = []

@@ -7,16 +7,10 @@ Usage::
         is_draft = spec.draft_names(model)       # name -> bool, for this built model
     spec = spec_for_architecture("Qwen3_5ForConditionalGeneration")
 
-Every draft that sglang can build unquantized from a quantized checkpoint gets one entry.
-The name rule (``naming.py``) is per architecture because checkpoints differ: Qwen3.5/3.6,
-Qwen3-Next and Qwen3-MoE keep the MTP head under ``mtp.``; DeepSeek/GLM NextN checkpoints store
-it as the layer after the last decoder layer, ``model.layers.<num_hidden_layers>.``.
-
-One entry per ``load_weights`` that actually runs, never one per class: sglang's
-``HookRegistry`` wraps whatever ``getattr(cls, "load_weights")`` returns and sets it on the
-named class, so hooking a subclass that only inherits the method (Qwen4-Exp's MTP inherits
-Qwen3.5's) would wrap the already-wrapped parent and run the hook twice. Such subclasses are
-listed in ``inherited_by`` instead: they reach the parent's hook through the MRO.
+The name rule (``naming.py``) is per class: Qwen's MTP heads live under ``mtp.``, DeepSeek/GLM
+NextN layers as ``model.layers.<num_hidden_layers>.``. One entry per ``load_weights`` that runs,
+never per class: hooking a subclass that only inherits the method would wrap the wrapped parent
+and run the hook twice, so such subclasses are ``inherited_by`` (they reach it through the MRO).
 """
 
 from __future__ import annotations
@@ -72,10 +66,8 @@ class DraftSpec:
         return self.name_rule(model_or_config)
 
     def kept_names(self, model_or_config: DraftSource) -> NameRule:
-        """Every checkpoint name the class's ``load_weights`` keeps: its name rule's (the
-        draft layer, with ``shared_head``, ``eh_proj``, ``enorm``/``hnorm`` and the in-layer
-        ``embed_tokens`` of a NextN layer) and ``loads_besides``. What the narrowed stream
-        must carry (``narrowing.py``)."""
+        """Every checkpoint name the class's ``load_weights`` keeps (its name rule's and
+        ``loads_besides``): what the narrowed stream must carry."""
         rule, besides = self.name_rule(model_or_config), frozenset(self.loads_besides)
         return lambda name: rule(name) or name in besides
 
@@ -158,11 +150,8 @@ def spec_for_class(cls: type) -> DraftSpec | None:
 
 
 def draft_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype the draft's float parameters were built in (what its loaders expect).
-
-    The most common floating dtype among the parameters: a few fp32 buffers (norm statistics,
-    router gates) must not turn a bf16 draft's weights into fp32.
-    """
+    """The dtype the draft's float parameters were built in: the most common floating dtype
+    (a few fp32 buffers must not turn a bf16 draft's weights into fp32)."""
     counts: dict[torch.dtype, int] = {}
     for param in model.parameters():
         if param.is_floating_point():

@@ -5,15 +5,11 @@ Usage (``plugin.register`` arranges the hook in every sglang process)::
     FLOAT_LAYER_HOOKS                # one AROUND hook on ModelSlimConfig.get_quant_method
     builds_as_the_plugin(config)     # the CLI's and benchmarks' build: the hook's own answers
 
-Why: a model built under ``ModelSlimConfig`` (the target; the draft too in launch forms F2 / F4)
-asks ``get_quant_method`` for each ``FusedMoE`` layer, and ``get_moe_scheme`` has no ``FLOAT``
-scheme: experts marked FLOAT (published Qwen3.6-35B-A3B MTP experts, a GLM-5 NextN layer the
-shipped recipe excludes) stop the start-up (sglang #34211). As vllm-ascend decides per layer and
-sglang #34353's reviewers asked (only experts ALL explicitly FLOAT fall back), the hook answers
-None for such a layer, so ``FusedMoE`` builds sglang's ``UnquantizedFusedMoEMethod`` and the
-floats load as stored; experts part FLOAT, part quantized stop the start-up naming the layer and
-the launch that serves it. A NextN draft's layer, built as ``model.decoder``, is looked up under
-its checkpoint name (``description.described_as``). Any other layer gets sglang's answer.
+Why: ``get_moe_scheme`` has no FLOAT scheme, so experts marked FLOAT (Qwen3.6-35B-A3B's MTP
+experts, a GLM-5 NextN layer the shipped recipe excludes) stop a ModelSlim build (sglang #34211).
+As vllm-ascend decides per layer, such a layer gets None (sglang's ``UnquantizedFusedMoEMethod``,
+the floats loaded as stored); experts part FLOAT are refused naming the layer and the launch that
+serves it. A NextN layer built as ``model.decoder`` is looked up under its checkpoint name.
 """
 
 from __future__ import annotations

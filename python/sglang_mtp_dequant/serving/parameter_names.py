@@ -6,9 +6,8 @@ Usage::
     NameIndex(checkpoint_names).sources_of("model.layers.0.qkv_proj.weight")
     # -> ["mtp.layers.0.self_attn.q_proj.weight", "...k_proj.weight", "...v_proj.weight"]
 
-Why in serving/: parameter names (FusedMoE's ``w13_weight``, the stacked ``qkv_proj``) are
-sglang's, read in its 0.5.23 loaders; ``formats/`` knows checkpoints only. The guard (which
-checkpoint tensors fed a suspect parameter) and ownership (which rank holds a tensor) use them.
+Why in serving/: parameter names (``w13_weight``, the stacked ``qkv_proj``) are sglang's;
+``formats/`` knows checkpoints only.
 """
 
 from __future__ import annotations
@@ -37,12 +36,8 @@ def tokens(name: str) -> tuple[str, ...]:
 
 
 class NameIndex:
-    """Maps sglang parameter names back to the checkpoint names that stream into them.
-
-    Derived from names only (sglang's loaders rename ``mtp.X`` to ``model.X``, drop
-    ``self_attn`` and stack q/k/v and gate/up through the class's ``packed_modules_mapping``),
-    so it works for any draft class without hooking its loaders.
-    """
+    """Maps sglang parameter names back to the checkpoint names that stream into them, from
+    names only (as sglang's loaders rename, drop ``self_attn`` and stack q/k/v and gate/up)."""
 
     def __init__(self, names: Iterable[str], packed: Mapping[str, list[str]] | None = None) -> None:
         self.packed = dict(packed or DEFAULT_PACKED)

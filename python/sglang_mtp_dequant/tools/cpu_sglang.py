@@ -8,9 +8,8 @@ Usage::
     draft.load_weights(sglang_weights(config, draft))    # DefaultModelLoader's own stream
 
 Nothing here changes how sglang loads weights: it is the set-up a CPU-only process needs
-before sglang's model modules import and build at all (the environment shims it applies are
-``cpu_env.py``'s), and sglang's own functions to build a draft and its weight stream, reached
-through the ledger of sglang's private names (``serving/sglang_private.py``).
+(``cpu_env.py``'s shims) and sglang's own functions, reached through the ledger
+(``serving/sglang_private.py``).
 """
 
 from __future__ import annotations
@@ -105,10 +104,9 @@ def build_draft(
     device: str | torch.device = "cpu",
     adjust_quant_config: Callable[[Any], None] | None = None,
 ) -> torch.nn.Module:
-    """sglang's own draft class for ``model_config``, built the way ``DefaultModelLoader`` does
-    (its quantization config, its dtype), on ``device`` (``"meta"``: shapes only).
-    ``adjust_quant_config``: called with sglang's quantization config before the class is built
-    (the build of a draft as the plugin builds it: ``float_layers.builds_as_the_plugin``)."""
+    """sglang's own draft class for ``model_config``, built as ``DefaultModelLoader`` does, on
+    ``device``; ``adjust_quant_config`` gets sglang's quantization config first (the plugin's
+    build: ``float_layers.builds_as_the_plugin``)."""
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.model_loader.utils import set_default_torch_dtype
 

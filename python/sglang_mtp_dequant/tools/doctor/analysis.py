@@ -1,15 +1,16 @@
 """What the doctor finds: ``diagnose`` fills a ``Diagnosis`` for one checkpoint path.
 
-The decisions the plugin will take at load time, on the files sglang would stream
-(``sources.resolve_offline``), by the same code (``Checkpoint``, ``DequantPlan``, the serving
-hooks); what stock sglang does instead; and, from a dry run of sglang's own draft class on the
-meta device (``dryrun.py``), which draft parameters no checkpoint tensor fills. It reads
-headers, ``config.json``, the description and the small companion tensors, never a weight.
+The decisions the plugin takes at load time, on the files sglang would stream, by the same code
+(``Checkpoint``, ``DequantPlan``, the serving hooks); what stock sglang does instead; and, from
+a dry run of sglang's own draft class on the meta device (``dryrun.py``), which draft
+parameters no checkpoint tensor fills. It reads headers, ``config.json``, the description and
+the small companion tensors, never a weight.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ...errors import CheckpointFormatError, MixedPrecisionLayerError
@@ -31,10 +32,10 @@ from ...serving.drafts import DraftSpec, spec_for_architecture, spec_for_class
 from ...serving.float_layers import DRAFT_WAY_OUT as WAY_OUT
 from ...serving.float_layers import refusal
 from ...serving.narrowing import NARROW_ENV, FileChoice, choose_files, count_walk
+from ..forms import MODELSLIM, draft_quantization, form_of, why_built
 from ..preflight import check_model_path
 from ..resolve import resolve_checkpoint
 from ..target_check import report_into
-from ..forms import MODELSLIM, draft_quantization, form_of, why_built
 from .model import Diagnosis, TensorRow
 
 if TYPE_CHECKING:
@@ -51,27 +52,33 @@ def diagnose(
     launch: Launch | None = None,
     forms: bool = False,
 ) -> Diagnosis:
-    """Everything the doctor reports about ``path``; never raises on a bad checkpoint.
-
-    ``path`` is what sglang gets as ``--model-path`` (``download_dir`` and ``revision`` as its
-    ``--download-dir`` and ``--revision``). ``dry_run=False`` skips building the draft class
-    (the verdict is then ``unchecked``). ``launch``: the user's sglang launch flags
-    (``tools/launch.py``); None: as on NPU with the draft quantization unset. ``forms``: also
-    answer every launch form (``forms.FORMS``) and recommend the cheapest that serves right.
+    """Everything the doctor reports about ``path`` (what sglang gets as ``--model-path``);
+    never raises on a bad checkpoint. ``dry_run=False`` skips building the draft class (the
+    verdict is then ``unchecked``); ``launch``: the user's sglang flags (None: as on NPU, the
+    draft quantization unset); ``forms``: also answer every launch form, with a recommendation.
     """
     from ..cpu_env import forget_stand_ins
-    from ..launch import DEFAULT_ANSWER
+    from ..launch import DEFAULT_ANSWER, default_launch
 
     forget_stand_ins()
     report = Diagnosis(requested=path)
     report.launch = launch.describe() if launch is not None else DEFAULT_ANSWER
-    if launch is not None:
-        report.notes.extend(launch.notes())
+    report.notes.extend(launch.notes() if launch is not None else [])
     source = _resolve(report, path, download_dir, revision)
     if source is None:
         return report
     config = _read_config(report)
-    spec, built = _draft_class(report, source, config, launch, dry_run)
+    spec = _draft_spec(report, config)
+    built = _build(report, source, launch) if dry_run and config is not None else None
+    if built is not None:
+        spec = spec_for_class(type(built.model))
+        report.hooked = spec is not None
+        report.hooked_by = spec.class_name if spec is not None else None
+    elif not dry_run:
+        report.unchecked.append(
+            "the dry run was skipped (--no-dry-run): how sglang builds the draft and whether "
+            "every parameter is filled"
+        )
     is_draft = _draft_names(spec, built, config)
     try:
         ckpt = Checkpoint.open(source, wanted=is_draft)
@@ -79,12 +86,13 @@ def diagnose(
     except CheckpointFormatError as exc:
         report.problems.append(str(exc))
         return report
-    _tensors(report, source, spec, built, config, ckpt, plan)
-    plain_plan = _who_decodes(report, spec, built, ckpt, is_draft)
-    _notes(report, ckpt, built)
-    _target(report, source, launch, ckpt, is_draft, built is not None)
+    asked = _Asked(source, launch or default_launch(source.folder), config, spec, built, ckpt)
+    _tensors(report, asked, plan, is_draft)
+    plain_plan = _who_decodes(report, asked, is_draft)
+    _notes(report, asked)
+    _target(report, asked, is_draft)
     if built is not None and report.tensors:
-        _load_dry_run(report, built, ckpt, plan, plain_plan, spec)
+        _load_dry_run(report, asked, plan, plain_plan)
     _settle_stock(report)
     if forms and dry_run:
         from .form_table import answer_every_form
@@ -96,24 +104,26 @@ def diagnose(
     return report
 
 
-def _target(
-    report: Diagnosis,
-    source: WeightSource,
-    launch: Launch | None,
-    ckpt: Checkpoint,
-    is_draft: NameRule,
-    built: bool,
-) -> None:
-    """The target of the same launch: its MoE layers described with FLOAT experts (built
-    with ModelSlim in every form, stock stops there; the plugin's hook builds them unquantized,
-    or refuses them part FLOAT), and its linear layers built on meta as sglang builds them
-    (``target_check``: unquantized over codes, and what the plugin does about them)."""
-    from ..launch import default_launch
+@dataclass(frozen=True)
+class _Asked:
+    """One launch of one checkpoint, as the doctor found it."""
 
-    launch = launch or default_launch(source.folder)
+    source: WeightSource
+    launch: Launch
+    config: CheckpointConfig | None
+    spec: DraftSpec | None  # the hooked class whose load_weights runs for the draft
+    built: Built | None  # sglang's draft on the meta device (None: not built)
+    ckpt: Checkpoint  # the draft's tensors
+
+
+def _target(report: Diagnosis, asked: _Asked, is_draft: NameRule) -> None:
+    """The target of the same launch: its MoE layers described with FLOAT experts (built with
+    ModelSlim in every form, stock stops there; the plugin's hook builds them unquantized, or
+    refuses them part FLOAT), and its linear layers built as sglang builds them
+    (``target_check``: unquantized over codes, and what the plugin does about them)."""
     cells = []
-    plan = moe_layer_plan(ckpt.description)
-    stops = plan.target_stops(is_draft) if launch.device == "npu" else ()
+    plan = moe_layer_plan(asked.ckpt.description)
+    stops = plan.target_stops(is_draft) if asked.launch.device == "npu" else ()
     if stops:
         where = stops[0] + (f" and {len(stops) - 1} more MoE layer(s)" if len(stops) > 1 else "")
         report.target_stop = (
@@ -124,11 +134,12 @@ def _target(
         report.problems += [f"the plugin stops the start-up: {refusal(p, False)}" for p in refused]
         done = "refuses it (experts part FLOAT)" if refused else "builds them unquantized"
         cells.append(f"stock does not start at {where} (FLOAT experts), the plugin {done}")
-    check = report_into(report.notes, report.problems, source.folder, launch) if built else None
-    outcome = check.outcome() if check is not None else None
-    if outcome is not None:  # its layers are named in the notes: the counts here
-        report.target_garbage = outcome.stock.split(" (")[0]
-        cells.append(f"stock {report.target_garbage}, with the plugin {outcome.plugin}")
+    if asked.built is not None:
+        check = report_into(report.notes, report.problems, asked.source.folder, asked.launch)
+        outcome = check.outcome() if check is not None else None
+        if outcome is not None:  # its layers are named in the notes: the counts here
+            report.target_garbage = outcome.stock.split(" (")[0]
+            cells.append(f"stock {report.target_garbage}, with the plugin {outcome.plugin}")
     report.target = "; ".join(cells)
 
 
@@ -151,42 +162,12 @@ def _resolve(
     return source
 
 
-def _draft_class(
-    report: Diagnosis,
-    source: WeightSource,
-    config: CheckpointConfig | None,
-    launch: Launch | None,
-    dry_run: bool,
-) -> tuple[DraftSpec | None, Built | None]:
-    """The hooked spec for the checkpoint's architecture and, with the dry run, the draft
-    class sglang builds (on the meta device) and the spec that hooks it."""
-    spec = _draft_spec(report, config)
-    built = _build(report, source, launch) if dry_run and config is not None else None
-    if built is not None:
-        spec = spec_for_class(type(built.model))
-        report.hooked = spec is not None
-        report.hooked_by = spec.class_name if spec is not None else None
-    elif not dry_run:
-        report.unchecked.append(
-            "the dry run was skipped (--no-dry-run): how sglang builds the draft and whether "
-            "every parameter is filled"
-        )
-    return spec, built
-
-
-def _tensors(
-    report: Diagnosis,
-    source: WeightSource,
-    spec: DraftSpec | None,
-    built: Built | None,
-    config: CheckpointConfig | None,
-    ckpt: Checkpoint,
-    plan: DequantPlan,
-) -> None:
+def _tensors(report: Diagnosis, asked: _Asked, plan: DequantPlan, is_draft: NameRule) -> None:
     """One row per draft tensor (and per companion nothing uses), what each load walks, and
     the problem of a checkpoint with no weights or no draft."""
+    ckpt = asked.ckpt
     report.description_file = ckpt.description_file
-    _draft_walk(report, source, spec, built, config)
+    _draft_walk(report, asked, is_draft)
     if not ckpt.files:
         report.problems.append(
             f"{report.folder} holds no *.safetensors file sglang would stream: no weights"
@@ -201,16 +182,11 @@ def _tensors(
         )
 
 
-def _who_decodes(
-    report: Diagnosis,
-    spec: DraftSpec | None,
-    built: Built | None,
-    ckpt: Checkpoint,
-    is_draft: NameRule,
-) -> DequantPlan | None:
+def _who_decodes(report: Diagnosis, asked: _Asked, is_draft: NameRule) -> DequantPlan | None:
     """Which codes the plugin decodes (every one of a draft built unquantized; of one built
-    quantized, its plain parts': ``_plain_parts``) and whether sglang would load the plugin;
-    returns a quantized draft's plan of its plain parts."""
+    quantized, its plain parts') and whether sglang would load the plugin; returns a quantized
+    draft's plan of its plain parts."""
+    spec, built = asked.spec, asked.built
     codes = [t for t in report.tensors if t.codes and t.action != "pass"]
     report.plugin_acts = spec is not None and (built is None or built.quant_config is None)
     plain_plan = None
@@ -218,7 +194,7 @@ def _who_decodes(
         _left_to_sglang(report, built)
         codes = []
         if spec is not None:
-            plain_plan = _plain_parts(report, built, ckpt, is_draft)
+            plain_plan = _plain_parts(report, built, asked.ckpt, is_draft)
             codes = [t for t in report.tensors if t.codes and t.action != "pass"]
     if codes and spec is None:
         report.unsupported = (
@@ -233,15 +209,12 @@ def _who_decodes(
 
 
 def _load_dry_run(
-    report: Diagnosis,
-    built: Built,
-    ckpt: Checkpoint,
-    plan: DequantPlan,
-    plain_plan: DequantPlan | None,
-    spec: DraftSpec | None,
+    report: Diagnosis, asked: _Asked, plan: DequantPlan, plain_plan: DequantPlan | None
 ) -> None:
     """The load on the meta device, stock and through the plugin's stream, unless the plugin
     refuses tensors before it."""
+    built = asked.built
+    assert built is not None
     quantized = built.quant_config is not None
     mine = plain_plan if quantized else (plan if report.plugin_acts else None)
     if mine is not None and mine.errors:
@@ -251,24 +224,19 @@ def _load_dry_run(
         )
         return
     if not report.startup_error and (quantized or (mine is not None and mine.to_dequantize)):
-        _stock_dry_run(report, built, ckpt, spec)
-    _dry_run(report, built, ckpt, mine, spec)
+        _stock_dry_run(report, built, asked.ckpt, asked.spec)
+    _dry_run(report, built, asked.ckpt, mine, asked.spec)
 
 
-def _draft_walk(
-    report: Diagnosis,
-    source: WeightSource,
-    spec: DraftSpec | None,
-    built: Built | None,
-    config: CheckpointConfig | None,
-) -> None:
+def _draft_walk(report: Diagnosis, asked: _Asked, is_draft: NameRule) -> None:
     """How many tensors and files the draft load walks, stock and with the plugin (which
     streams only the files the index says hold the draft's tensors: ``narrowing.py``)."""
+    source, spec = asked.source, asked.spec
+    keeps = is_draft
     if spec is not None:
-        keeps = spec.kept_names(built.model if built is not None else config)
+        keeps = spec.kept_names(asked.built.model if asked.built is not None else asked.config)
         choice = choose_files(source.folder, source.files, keeps)
     else:
-        keeps = _draft_names(spec, built, config)
         files = tuple(source.files)
         choice = FileChoice(source.folder, files, files, not_narrowed="the plugin hooks no class")
     try:
@@ -367,10 +335,8 @@ def _describe_build(report: Diagnosis, built: Built, launch: Launch | None) -> N
     from ..draft_memory import draft_parameter_bytes, vocab_copy_bytes
 
     quantization, given = _flags(launch)
-    report.draft_class = built.class_name
-    report.draft_dtype = built.dtype  # what sglang's --dtype auto builds
-    report.draft_quantization = built.quantization
-    report.built_quantized = built.quant_config
+    report.draft_class, report.draft_dtype = built.class_name, built.dtype
+    report.draft_quantization, report.built_quantized = built.quantization, built.quant_config
     report.draft_bytes = draft_parameter_bytes(built.model)
     report.vocab_bytes = vocab_copy_bytes(built.model)
     why = why_built(sglang_version(), quantization, given)
@@ -383,12 +349,9 @@ def _describe_build(report: Diagnosis, built: Built, launch: Launch | None) -> N
             "quantized layers consume their codes; the plugin's hook keeps sglang's stream, "
             "decodes what its plain parts receive and checks every write"
         )
-    elif built.quantization is None:
-        report.built = f"{picked}; {built.class_name} is built unquantized: the plugin's hook acts"
     else:
-        report.built = (
-            f"{picked}; {built.class_name}'s own rule builds it unquantized: the plugin's hook acts"
-        )
+        rule = " is built" if built.quantization is None else "'s own rule builds it"
+        report.built = f"{picked}; {built.class_name}{rule} unquantized: the plugin's hook acts"
 
 
 def _plain_parts(
@@ -397,8 +360,6 @@ def _plain_parts(
     """A quantized draft: the plugin's plan for the tensors of its plain parts (``LoadSetting``'s
     names: ``plain_parts.plain_linears`` / ``feeds_plain_linear``), which no quantization method
     reads; their rows replace the 'pass' rows."""
-    from dataclasses import replace
-
     from ...serving.plain_parts import feeds_plain_linear, plain_linears
 
     linears = plain_linears(built.model)
@@ -413,9 +374,8 @@ def _plain_parts(
                 if row.name.endswith(".weight")
                 else "skipped by sglang's loader (no such parameter): the parameter stays unwritten"
             )
-    consumed = plan.consumed
     report.tensors = [
-        rows.get(t.name, t) for t in report.tensors if t.name not in consumed or t.name in rows
+        rows.get(t.name, t) for t in report.tensors if t.name not in plan.consumed or t.name in rows
     ]
     return plan
 
@@ -455,19 +415,17 @@ def _activation(report: Diagnosis, needed: bool) -> None:
         if needed:
             report.unchecked.append(f"whether sglang would load the plugin: {exc}")
         return
-    report.plugin_active = found.active
-    report.plugin_activation = found.why
+    report.plugin_active, report.plugin_activation = found.active, found.why
     report.notes.extend(found.notes)
-    if not found.active:
-        if needed:
-            report.inactive = (
-                f"the draft needs the plugin, but sglang here would not load it: {found.why}"
-            )
-        else:
-            report.notes.append(f"sglang here would not load the plugin: {found.why}")
+    if not found.active and needed:
+        report.inactive = (
+            f"the draft needs the plugin, but sglang here would not load it: {found.why}"
+        )
+    elif not found.active:
+        report.notes.append(f"sglang here would not load the plugin: {found.why}")
 
 
-def _notes(report: Diagnosis, ckpt: Checkpoint, built: Built | None) -> None:
+def _notes(report: Diagnosis, asked: _Asked) -> None:
     from ..cpu_env import stand_ins_used
 
     described_float = [
@@ -488,10 +446,11 @@ def _notes(report: Diagnosis, ckpt: Checkpoint, built: Built | None) -> None:
             f"{attention[0].name}) are no weights: left to sglang, which has no parameter for "
             "them in an unquantized draft"
         )
-    _quarot_note(report, ckpt, built)
-    if ckpt.declared is not None:
+    _quarot_note(report, asked.ckpt, asked.built)
+    if asked.ckpt.declared is not None:
         report.notes.append(
-            f"config.json declares {ckpt.declared.label} quantization (not a ModelSlim export)"
+            f"config.json declares {asked.ckpt.declared.label} quantization (not a ModelSlim "
+            "export)"
         )
     report.notes.extend(stand_ins_used().values())
 
@@ -566,10 +525,9 @@ def _dry_run(
 def _stock_dry_run(
     report: Diagnosis, built: Built, ckpt: Checkpoint, spec: DraftSpec | None
 ) -> None:
-    """Stock sglang's own loader on the same meta draft, without the plugin's stream: what it
-    raises (DeepSeek's NextN ``load_weights`` stops on the fused shared expert's
-    ``weight_offset``; packed int4 codes fail a shape check) or, for a quantized draft, which
-    float parameters it leaves unwritten or fills with raw codes."""
+    """Stock sglang's own loader on the same meta draft: what it raises (DeepSeek's NextN on the
+    fused shared expert's ``weight_offset``, packed int4 on a shape check), or, for a quantized
+    draft, the float parameters it leaves unwritten or fills with raw codes."""
     from ..dryrun import simulate_load
 
     try:

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..draft_memory import size_text
-from ..verdicts import OK
 from ..forms import FORMS, Form, form_of
+from ..verdicts import OK
 from .model import Diagnosis, FormAnswer
 
 if TYPE_CHECKING:
