@@ -55,8 +55,7 @@ _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
     "F8_E4M3": torch.float8_e4m3fn,
     "F8_E5M2": torch.float8_e5m2,
-    # unsigned tags safetensors also writes: without them an unsigned integer weight
-    # would look like "a dtype torch has no name for" and be planned as float
+    # unsigned tags too: else an unsigned integer weight would be planned as float
     "U16": torch.uint16,
     "U32": torch.uint32,
     "U64": torch.uint64,
@@ -175,8 +174,6 @@ class Checkpoint:
                 ) from exc
         return out
 
-    # -- the files ModelSlim writes ------------------------------------------------------
-
     def _read_description(self) -> None:
         described = read_description(self.folder)
         self.description_file = described.file
@@ -287,11 +284,7 @@ class Checkpoint:
 
 def header_names(path: str) -> list[str]:
     """Every tensor name in a safetensors file's header (an 8-byte length, then its JSON),
-    without the per-tensor checks ``safe_open`` makes.
-
-    Raises:
-        CheckpointFormatError: the file has no readable safetensors header.
-    """
+    without ``safe_open``'s per-tensor checks; ``CheckpointFormatError`` for no readable header."""
     try:
         with open(path, "rb") as handle:
             length = int.from_bytes(handle.read(8), "little")

@@ -53,12 +53,8 @@ class Description:
 
 
 def read_description(folder: str) -> Description:
-    """The folder's ``quant_model_description*.json`` (the exact name first), parsed.
-
-    Raises:
-        CheckpointFormatError: the file is no JSON object of tensor types, or its
-            ``group_size`` is no non-negative integer.
-    """
+    """The folder's ``quant_model_description*.json`` (the exact name first), parsed; a file
+    that is no object of tensor types, or a bad ``group_size``: ``CheckpointFormatError``."""
     candidates = sorted(glob.glob(os.path.join(folder, "quant_model_description*.json")))
     if not candidates:
         return Description()
@@ -83,9 +79,6 @@ def read_description(folder: str) -> Description:
             hint=RESTORE_DESCRIPTION,
         )
     return Description(path, raw, flags, group_size, raw.get("version"))
-
-
-# -- one tensor, one fused layer -----------------------------------------------------------------
 
 
 def is_quantized(scheme: object) -> bool:
@@ -136,10 +129,7 @@ def quantized_leaves(description: Mapping[str, object], leaves: Collection[str])
     return found
 
 
-# -- which layers are the draft's ------------------------------------------------------------
-
-#: the module sglang's NextN draft classes build their one layer as (DeepSeek / GLM NextN; on
-#: NPU DeepSeek's names it ``model.layers.<n>`` when the draft is the target's folder)
+#: the module sglang's NextN draft classes build their layer as (off DeepSeek's NPU naming)
 NEXTN_MODULE = "model.decoder"
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -178,8 +168,6 @@ def described_as(description: Mapping[str, object], prefix: str) -> str:
     nextn = nextn_layer_of(description)
     return prefix if nextn is None else nextn + prefix[len(NEXTN_MODULE) :]
 
-
-# -- MoE layers: one precision per FusedMoE ------------------------------------------------------
 
 #: the expert projection names sglang's ``get_moe_scheme`` tries, in its order: (gate, up, down)
 NAMING_CONVENTIONS: tuple[tuple[str, str, str], ...] = (

@@ -15,9 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-# Tensors that travel beside a quantized ``X.weight`` as ``X.<suffix>``. They belong to the
-# quantized GEMM (or are the scales of float8 codes); once the weight is dequantized they have
-# nothing to load into, so they are consumed.
+#: tensors beside a quantized ``X.weight`` as ``X.<suffix>``: consumed once it is dequantized
 COMPANION_SUFFIXES = (
     "weight_scale",
     "weight_offset",
@@ -46,9 +44,6 @@ QUAROT_FILE = "rot.safetensors"
 QUAROT_TENSOR = "rot.weight"
 
 NameRule = Callable[[str], bool]
-
-
-# -- which names are the draft's ---------------------------------------------------------------
 
 
 def mtp_prefix(_config: object = None) -> NameRule:
@@ -97,9 +92,6 @@ def config_value(config: object, key: str) -> Any:
     if found is None:
         found = getattr(getattr(config, "text_config", None), key, None)
     return found
-
-
-# -- what travels beside a weight ----------------------------------------------------------------
 
 
 def attention_quant_kind(name: str) -> str | None:

@@ -99,8 +99,6 @@ class DequantPlan:
         assert first is not None
         raise first.also_refused([e.info.name for e in errors[1:]])
 
-    # -- the decisions ----------------------------------------------------------------------
-
     def _classify(self, info: TensorInfo) -> tuple[PlannedTensor, Scheme | None]:
         """keep (float), error (codes nothing here decodes), or a scheme whose companions are
         stored as it defines (to be prepared)."""

@@ -23,9 +23,8 @@ from . import releases
 
 #: hook targets registered in this process (``plugin.register()`` may run more than once)
 _registered: set[str] = set()
-#: requested path -> the newest resolution sglang made of it outside any hooked draft load
-#: (the target's, sglang's start-up prefetch): what a draft load that resolves nothing itself
-#: streams
+#: requested path -> sglang's newest resolution of it outside a hooked draft load (what a
+#: draft load that resolves nothing itself streams)
 _resolved_outside: dict[str, WeightSource] = {}
 _lock = threading.Lock()
 

@@ -23,12 +23,9 @@ import torch
 from ..formats.config import CheckpointConfig
 from ..formats.naming import NameRule, mtp_prefix, nextn_layer, nextn_layer_multimodal
 
-#: what a name rule reads the draft's layout from: a built draft model (its ``model.config``),
-#: the checkpoint's ``config.json`` (the CLI, the Ray launch check), or nothing (where the
-#: config is unreadable; a NextN rule then selects no name)
+#: what a name rule reads the draft's layout from: a built draft, config.json, or nothing
 DraftSource = torch.nn.Module | CheckpointConfig | None
-#: builds the name predicate of one draft from its model or config (``naming.mtp_prefix``,
-#: ``naming.nextn_layer``, ...)
+#: builds one draft's name predicate (``naming.mtp_prefix``, ``naming.nextn_layer``, ...)
 NameRuleFactory = Callable[[DraftSource], NameRule]
 
 
@@ -44,12 +41,9 @@ class DraftSpec:
     name_rule: NameRuleFactory
     #: dotted paths of draft classes that inherit this ``load_weights`` (hooked through it)
     inherited_by: tuple[str, ...] = ()
-    #: parameter name tokens the draft takes from the target after loading, so its own load
-    #: need not write them: sglang's EAGLE workers call ``set_embed_and_head`` (and
-    #: ``set_lm_head_from_target``) right after the draft loads, for every class here
+    #: parameter tokens the draft takes from the target after loading (``set_embed_and_head``)
     from_target: tuple[str, ...] = ("embed_tokens", "lm_head")
-    #: checkpoint names the class's ``load_weights`` reads besides those of its name rule
-    #: (read per class in sglang 0.5.23); the draft's stream must carry them too
+    #: checkpoint names its ``load_weights`` reads besides its name rule's (sglang 0.5.23)
     loads_besides: tuple[str, ...] = ()
 
     @property

@@ -137,9 +137,6 @@ def _under(path: str, folder: str) -> str:
     return os.path.normpath(os.path.relpath(path, folder))
 
 
-# -- what a load walks ------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Walk:
     """How many tensors and files a draft load walks, stock and with the plugin."""

@@ -20,9 +20,8 @@ NEUTRAL_TOKENS = frozenset({"model", "mtp", "language_model", "self_attn"})
 EXPERT_PARTS = {"w13_weight": ("gate_proj", "up_proj"), "w2_weight": ("down_proj",)}
 #: the same, when the checkpoint stores all experts fused in one tensor (no ``.weight``)
 FUSED_EXPERTS = {"w13_weight": "gate_up_proj", "w2_weight": "down_proj"}
-#: stacked parameters and their checkpoint parts, where a class declares none; the MLA drafts
-#: (DeepSeek, GLM-4.7-Flash, GLM-5-Next) concatenate q_a and kv_a in their loaders
-#: (``deepseek_weight_loader.py``) whether or not the class lists it
+#: stacked parameters and their checkpoint parts where a class declares none (the MLA drafts
+#: concatenate q_a and kv_a in their loaders whether or not the class lists it)
 DEFAULT_PACKED = {
     "qkv_proj": ["q_proj", "k_proj", "v_proj"],
     "gate_up_proj": ["gate_proj", "up_proj"],

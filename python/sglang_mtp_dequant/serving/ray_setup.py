@@ -45,8 +45,7 @@ _RAY_HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 #: set by `ray job submit` for the entrypoint driver: the job's config, runtime env included
 _RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
-#: how long the launch check waits for one Ray worker per node to report (its start imports
-#: sglang's draft modules once): a hang guard, not a speed limit
+#: how long the launch check waits for a Ray worker per node to report: a hang guard
 PROBE_TIMEOUT_S = 300.0
 
 _guard_registered = False
@@ -54,9 +53,6 @@ _guard_registered = False
 
 class PluginNotInRayWorkersError(MtpDequantError, RuntimeError):
     """A Ray launch whose scheduler actors would build the draft without this plugin."""
-
-
-# -- in every Ray worker ---------------------------------------------------------------------
 
 
 def setup() -> None:
@@ -94,9 +90,6 @@ def inactive_targets() -> list[str]:
         if not any(getattr(hook, "__qualname__", None) == spec.hook_name for hook in hooks):
             missing.append(spec.target)
     return missing
-
-
-# -- in the driver -----------------------------------------------------------------------------
 
 
 def register_launch_guard() -> None:

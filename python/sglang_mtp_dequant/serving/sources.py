@@ -50,11 +50,8 @@ def resolve_offline(
 ) -> WeightSource:
     """The folder and weight files sglang would load for ``path`` (a folder or a cached hub
     id; ``download_dir`` and ``revision`` as sglang's flags), without the network. Outside a
-    scheduler ``publish`` is called with the local folder found, before sglang resolves it.
-
-    Raises:
-        CheckpointFormatError: the path is neither a folder nor a cached hub model.
-    """
+    scheduler ``publish`` is called with the local folder found, before sglang resolves it
+    (``CheckpointFormatError``: neither a folder nor a cached hub model)."""
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.model_loader.loader import DefaultModelLoader
 

@@ -149,11 +149,8 @@ CUDA_BUILD_NOTE = (
 
 def parse_launch(path: str | None, argv: Sequence[str]) -> Launch:
     """Read ``argv`` (launch flags for checkpoint ``path``, or a whole command, whose words
-    before the first ``--`` flag are dropped) with sglang's ``ServerArgs`` parser.
-
-    Raises:
-        LaunchError: sglang's parser refused the flags (its message), or no model path.
-    """
+    before the first ``--`` flag are dropped) with sglang's ``ServerArgs`` parser;
+    ``LaunchError`` when it refuses them (its message), or without a model path."""
     from .cpu_env import ensure_torchvision_importable
 
     words = list(argv)

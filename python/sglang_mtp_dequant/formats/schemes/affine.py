@@ -19,11 +19,8 @@ import torch
 
 from ...errors import DraftWeightError
 
-# Rows are decoded through an fp32 buffer of about this many elements (1 MiB), reused for
-# every block of rows, which stays in cache through the three passes: smaller blocks pay
-# per-operation overhead, larger ones fall out of the cache (and a 2 MiB buffer next to a
-# 2 MiB output is unmapped and mapped again by glibc on every call, page faults included).
-# Measured: benchmarks/bench_dequant.py --variants, docs/results.md.
+#: elements of the fp32 buffer rows are decoded through (1 MiB, reused: it stays in cache;
+#: measured by benchmarks/bench_dequant.py --variants, docs/results.md)
 BLOCK_ELEMENTS = 1 << 18
 
 
@@ -54,8 +51,7 @@ def dequantize(
     full = min(groups, in_features // group_width) if group_width else 0
     step = max(1, BLOCK_ELEMENTS // max(1, in_features))
     direct = dtype == torch.float32
-    # one fp32 buffer for every block: no allocation (and no page faults) inside the loop; the
-    # same size for every tensor, so the C allocator hands the same memory back each time
+    # one buffer, the same size for every tensor: no allocation inside the loop
     buffer: torch.Tensor | None = None
     if not direct:
         flat = torch.empty(max(BLOCK_ELEMENTS, in_features), dtype=torch.float32)

@@ -154,9 +154,6 @@ def infer_type(
     return names.pop() if len(names) == 1 else None
 
 
-# -- checks shared by the schemes ----------------------------------------------------------
-
-
 def require(
     weight: TensorInfo, values: Mapping[str, torch.Tensor], suffix: str, scheme: str
 ) -> torch.Tensor:

@@ -102,8 +102,6 @@ class WriteRecorder:
         self._fed: set[str] = set()
         self._lock = threading.Lock()  # DeepSeek's thread pool records concurrently
 
-    # -- installing -----------------------------------------------------------------------
-
     def __enter__(self) -> WriteRecorder:
         from sglang.srt.model_loader.weight_utils import default_weight_loader
 
@@ -130,8 +128,6 @@ class WriteRecorder:
         self._joined.clear()
         self._undo.clear()
         self._credit_written_without_loader()
-
-    # -- following the stream -----------------------------------------------------------------
 
     def on_streamed(self, name: str, tensor: torch.Tensor) -> None:
         """The stream hands draft tensor ``name`` to sglang: every loader sglang reads from now
@@ -200,8 +196,6 @@ class WriteRecorder:
                     self._credit(target, source)
                     if tokens[-1] == "weight":
                         self.written[target].add(("copied", tokens[-2]))
-
-    # -- the answer -------------------------------------------------------------------------
 
     def unwritten(self) -> dict[str, str]:
         """parameter -> which of its parts no loader wrote (parameters fully written omitted)."""

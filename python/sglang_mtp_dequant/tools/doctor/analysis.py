@@ -632,9 +632,6 @@ def _stock_by_tensor(report: Diagnosis, version: str, draft: str) -> None:
     report.stock = "; ".join(said)
 
 
-# -- the pieces ------------------------------------------------------------------------------
-
-
 def _read_config(report: Diagnosis) -> CheckpointConfig | None:
     try:
         config = CheckpointConfig.read(report.folder)

@@ -9,7 +9,6 @@ from .model import Diagnosis, TensorRow, clip
 #: the longest line the text answer prints (``--json`` holds every text whole)
 LONGEST = 600
 
-# -- output ----------------------------------------------------------------------------------
 
 _COLUMNS = ("name", "dtype", "shape", "type", "scheme", "companions", "action", "reason")
 
