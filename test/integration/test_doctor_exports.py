@@ -173,3 +173,11 @@ def test_each_form_line_shows_the_target_and_the_memory_stock_holds_besides():
         assert f"({answer.draft_bytes:,} B) with the plugin" in line
     text = render_text(report)
     assert max(len(line) for line in text.splitlines()) <= 600
+
+
+def test_the_results_table_is_made_of_the_cells_asserted_here():
+    """docs/results.md's table (``benchmarks/doctor_exports.py``) lists exactly these exports."""
+    import doctor_exports
+
+    listed = {os.path.abspath(folder) for folder, _ in doctor_exports.EXPORTS}
+    assert listed == {os.path.abspath(folder_of(e)) for e in {**EXPORTS, **STOCK_ONLY}}

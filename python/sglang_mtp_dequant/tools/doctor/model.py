@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ...serving.float_layers import DRAFT_WAY_OUT
 from ..verdicts import DOCTOR_SCHEMA_VERSION, ERROR, INACTIVE, OK, UNCHECKED, UNSUPPORTED
 
 #: version of the JSON layout ``Diagnosis.to_json`` writes (``verdicts.DOCTOR_SCHEMA_VERSION``)
@@ -190,7 +191,7 @@ class Diagnosis:
             why = self.inactive or self.unsupported or "; ".join(self.unchecked)
         elif any(t.action == "error" for t in self.tensors):
             why = next(t.problem or t.reason for t in self.tensors if t.action == "error")
-        return f"{verdict} ({clip(why, 160)})"
+        return f"{verdict} ({clip(why.replace(f': {DRAFT_WAY_OUT}', ''), 160)})"
 
     def counts(self) -> dict[str, int]:
         out = {"dequantize": 0, "keep": 0, "pass": 0, "error": 0}
