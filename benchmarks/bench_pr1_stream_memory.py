@@ -4,8 +4,8 @@ Usage (after ``make upstream-tree``)::
 
     .venv/bin/python benchmarks/bench_pr1_stream_memory.py [--tree .cache/upstream/sglang]
 
-PR 1's ``dequantize_draft_weights`` (the tree's
-``layers/quantization/modelslim/unquantized_draft.py``, imported alone from its file) is fed
+PR 1's ``_dequantize_modelslim_mtp`` (private to the tree's ``models/qwen3_5_mtp.py``; its
+module-level code executed alone by ``upstream/tree.py``'s ``pr1_decoder``) is fed
 the ``mtp.*`` tensors of two W8A8_DYNAMIC MTP layers with the real tensor names, dtypes and
 shapes of their configs: Qwen3.5-27B (hidden 5120, 24/4 heads of 256 with the output gate,
 MLP 17408; the export Eco-Tech publishes quantizes exactly these seven projections) and
@@ -36,7 +36,7 @@ revision held until the stream ended) and the largest single decode's fp32 + bf1
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,7 +44,9 @@ import torch
 from machine import describe
 
 ROOT = Path(__file__).resolve().parent.parent
-HELPER = "python/sglang/srt/layers/quantization/modelslim/unquantized_draft.py"
+sys.path.insert(0, str(ROOT / "upstream"))
+import tree  # noqa: E402 - upstream/tree.py, the branch's own tooling
+
 PART_BYTES = 4 << 30  # msmodelslim's AscendV1Config.part_file_size default: 4 (GB)
 
 
@@ -127,7 +129,7 @@ def peak_held(decode, run: list, description: dict) -> int:
             held[name] = torch.Size(shape).numel() * dtype.itemsize
             yield name, torch.empty(shape, dtype=dtype, device="meta")
 
-    for name, _ in decode(source(), description, "mtp.", "<bench>"):
+    for name, _ in decode(source(), description, "<bench>", torch.bfloat16):
         for key in (name, name + "_scale", name + "_offset"):
             held.pop(key, None)
     assert not held, sorted(held)[:3]
@@ -138,11 +140,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", type=Path, default=ROOT / ".cache" / "upstream" / "sglang")
     args = parser.parse_args()
-    spec = importlib.util.spec_from_file_location("pr1_helper", args.tree / HELPER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    decode = tree.pr1_decoder(args.tree)["_dequantize_modelslim_mtp"]
     print(describe())
-    print(f"helper: {args.tree / HELPER}")
+    print(f"decode: {args.tree}, step/series:{tree.PR1_MODEL}")
     torch.set_default_dtype(torch.bfloat16)
     for label, tensors in LAYERS.items():
         description = {
@@ -153,9 +153,7 @@ def main() -> None:
         largest = max(torch.Size(t[2]).numel() for t in tensors if t[1] == torch.int8)
         peaks = {}
         for order, runs in orders(tensors).items():
-            peaks[order] = max(
-                peak_held(module.dequantize_draft_weights, r, description) for r in runs
-            )
+            peaks[order] = max(peak_held(decode, r, description) for r in runs)
         transient = largest * 6
         print(
             f"{label}: {len(tensors)} mtp.* tensors, integer tensors + companions "

@@ -25,8 +25,8 @@ whole stack):
 3. ``pr1-fixtures``: every msmodelslim checkpoint in test/fixtures/modelslim/ with a Qwen3.5 MTP
    draft, loaded by stock sglang with the plugin and by PR 1's tree with the plugin off, in two
    processes (``upstream/load_draft.py``); every draft parameter compared bit for bit where PR 1
-   decodes the draft (W8A8_DYNAMIC, FLOAT); any other scheme, float8 ones included, must be
-   refused with a ``ValueError`` naming the tensor.
+   decodes the draft (per-channel W8A8_DYNAMIC, FLOAT); any other scheme, float8 ones and
+   per-group W8A8_DYNAMIC included, must be refused with a ``ValueError`` naming the tensor.
 4. ``bf16``: no regression. BF16 checkpoints of every MTP/NextN draft class the tests build on
    the CPU (``upstream/bf16_drafts.py``) loaded by stock sglang and by the tree at each step,
    each with the plugin off and on: every parameter bit-identical to stock sglang without the
@@ -60,7 +60,7 @@ CPU_SUITE = "base-a-test-cpu"
 SITE = ROOT / "upstream" / "site"
 #: the targets whose draft PR 1 alone fixes (Qwen3.5 MTP; Qwen4-Exp inherits it)
 PR1_ARCHITECTURES = {"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"}
-#: what PR 1 decodes; it refuses every other scheme, float8 ones included
+#: what PR 1 decodes (W8A8_DYNAMIC per channel only); it refuses every other scheme
 PR1_TYPES = {"FLOAT", "W8A8_DYNAMIC"}
 #: target architecture -> the rule naming its draft's checkpoint tensors (the package's own)
 DRAFT_NAMES = {
@@ -167,7 +167,8 @@ def fixture_folders(
 ) -> tuple[list[Path], list[Path], dict[str, str]]:
     """(covered, refused, skipped-with-reason) fixtures (of ``architectures`` only, if given):
     covered where PR 1 decodes every draft tensor, refused where a scheme it does not decode
-    is present, skipped otherwise (other classes)."""
+    is present (per-group W8A8_DYNAMIC among them: the description's ``group_size``), skipped
+    otherwise (other classes)."""
     covered, refused, skipped = [], [], {}
     for folder in sorted(p for p in FIXTURES.iterdir() if (p / "config.json").is_file()):
         config = CheckpointConfig.read(str(folder))
@@ -184,7 +185,8 @@ def fixture_folders(
         if not types:  # never "covered" by an empty set
             skipped[folder.name] = f"{config.architecture}: no draft tensor in the description"
             continue
-        (covered if types <= PR1_TYPES else refused).append(folder)
+        per_channel = not desc.get("group_size")
+        (covered if types <= PR1_TYPES and per_channel else refused).append(folder)
     return covered, refused, skipped
 
 

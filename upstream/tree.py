@@ -25,6 +25,7 @@ branch, then ``export``.
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import os
 import shutil
@@ -285,6 +286,37 @@ def step_ranges(repo: Path) -> list[tuple[str, str, str]]:
         ranges.append((name, since, step_ref(name)))
         since = step_ref(name)
     return ranges
+
+
+#: PR 1's model file: its decode is private to it (``_dequantize_modelslim_mtp``)
+PR1_MODEL = "python/sglang/srt/models/qwen3_5_mtp.py"
+_WEIGHT_UTILS = "python/sglang/srt/model_loader/weight_utils.py"
+
+
+def pr1_decoder(
+    repo: Path, ref: str = "refs/tags/step/series", namespace: dict | None = None
+) -> dict:
+    """The module-level code PR 1 adds to ``qwen3_5_mtp.py`` (between ``_mtp_quant_config``
+    and the draft class: its decode and refusals) at ``ref``, executed alone, with torch, a
+    logger and the tree's own ``RUNAI_STREAMER_TENSOR_ATTR``: importing the tree's file would
+    import the tree's sglang over the installed one. Returns ``namespace`` (a new one if
+    None), which it was executed in."""
+    source = git(repo, "show", f"{ref}:{PR1_MODEL}")
+    body = ast.parse(source).body
+    start = next(i for i, n in enumerate(body) if getattr(n, "name", "") == "_mtp_quant_config")
+    end = next(i for i, n in enumerate(body) if isinstance(n, ast.ClassDef))
+    code = "\n\n".join(ast.get_source_segment(source, n) or "" for n in body[start + 1 : end])
+    utils = ast.parse(git(repo, "show", f"{ref}:{_WEIGHT_UTILS}")).body
+    runai = next(
+        ast.literal_eval(n.value)
+        for n in utils
+        if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "RUNAI_STREAMER_TENSOR_ATTR"
+    )
+    namespace = {} if namespace is None else namespace
+    namespace["RUNAI_STREAMER_TENSOR_ATTR"] = runai
+    prelude = "import logging\nimport torch\nlogger = logging.getLogger('pr1')\n"
+    exec(compile(prelude + code, f"{ref}:{PR1_MODEL}", "exec"), namespace)
+    return namespace
 
 
 def step_folder(name: str, series: Path = SERIES) -> Path:

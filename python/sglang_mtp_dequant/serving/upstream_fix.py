@@ -1,43 +1,43 @@
-"""Whether a draft class's ``load_weights`` is sglang's own fix (``upstream/series/``, PR 1).
-
-Usage::
-
-    from .upstream_fix import calls_sglang_decode
-    if calls_sglang_decode(load_weights, sys.modules[load_weights.__module__]): ...
-
-Detected by what the code does, not by a version or a name: PR 1's ``load_weights`` calls
-sglang's neutral decode helper, through a global of its module, only where that module's NPU
-check is true. A module that merely imports the helper, a look-alike of the same name, or a
-run where the check is false (PR 1 then leaves the draft as stock) does not count.
+"""Whether a draft class's ``load_weights`` is sglang's own fix (``upstream/series/``, PR 1),
+detected by what the code does, not by a version, a name or a place: it calls, through a global
+of its module, a function that decodes a ModelSlim W8A8_DYNAMIC stream (asked here for one
+weight), and the module's NPU check, which gates that call in PR 1, is true.
 """
 
 from __future__ import annotations
 
-import sys
+import inspect
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+
+import torch
 
 from .sglang_private import draft_module_is_npu
 
-#: the decode PR 1 adds to sglang: (module, function)
-UPSTREAM_HELPER = (
-    "sglang.srt.layers.quantization.modelslim.unquantized_draft",
-    "dequantize_draft_weights",
-)
+#: one W8A8_DYNAMIC module, in stream order: its weight is (q - offset) * scale = [[1, -1]]
+_PROBE = [("mtp.p.weight", torch.tensor([[3, -1]], dtype=torch.int8))]
+_PROBE += [("mtp.p.weight_scale", torch.tensor([[0.5]])), ("mtp.p.weight_offset", torch.ones(1, 1))]
 
 
-def calls_sglang_decode(load_weights: Callable[..., Any], module: ModuleType) -> bool:
-    """Whether ``load_weights`` (of ``module``) calls sglang's decode helper, that very
-    object, already imported, and ``module``'s NPU check, which gates the call, is true."""
-    helper = getattr(sys.modules.get(UPSTREAM_HELPER[0]), UPSTREAM_HELPER[1], None)
-    code = getattr(load_weights, "__code__", None)
-    if helper is None or code is None:
-        return False
-    if not any(getattr(module, name, None) is helper for name in code.co_names):
-        return False
+def calls_sglang_decode(load_weights: Callable[..., object], module: ModuleType) -> bool:
+    """Whether ``load_weights`` (of ``module``) calls such a decode, on NPU."""
     try:
         on_npu = draft_module_is_npu(module)
     except AttributeError:
         return False
-    return callable(on_npu) and bool(on_npu())
+    names = getattr(getattr(load_weights, "__code__", None), "co_names", ())
+    on = callable(on_npu) and bool(on_npu())
+    return on and any(_decodes(getattr(module, name, None)) for name in names)
+
+
+def _decodes(function: object) -> bool:
+    """Whether ``function`` yields the probe's weight decoded, as PR 1's ``(weights,
+    description, folder, dtype)`` generator does (functions of other signatures raise)."""
+    if not inspect.isfunction(function):
+        return False
+    description = dict.fromkeys(dict(_PROBE), "W8A8_DYNAMIC")
+    try:  # the first item only: a real load's INFO line comes after the last
+        name, value = next(function(iter(_PROBE), description, "", torch.float32))
+    except Exception:  # noqa: BLE001 - any function of the module may be asked
+        return False
+    return name == "mtp.p.weight" and value.tolist() == [[1.0, -1.0]]
