@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from ..serving import sglang_private
+from ..serving import context, sglang_private
 from .cpu_env import (
     cuda_capability_answered,
     ensure_torchvision_importable,
@@ -111,12 +111,26 @@ def build_draft(
     from sglang.srt.model_loader.utils import set_default_torch_dtype
 
     load_config = LoadConfig(load_format="auto")
-    quant_config = sglang_private.quantization_config(model_config, load_config)
+    quantize, initialize = sglang_private.quantization_config, sglang_private.initialize_model
+    if context.is_bypassed():  # a build as stock sglang's: its own functions, never a hook
+        quantize = sglang_own(sglang_private.QUANTIZATION_CONFIG_TARGET)
+        initialize = sglang_own(sglang_private.INITIALIZE_MODEL_TARGET)
+    quant_config = quantize(model_config, load_config)
     if adjust_quant_config is not None and quant_config is not None:
         adjust_quant_config(quant_config)
     with set_default_torch_dtype(model_config.dtype), torch.device(device):
         with placeholder_vllm_rotary(), generic_rope_on_cpu():
-            return sglang_private.initialize_model(model_config, load_config, quant_config)
+            return initialize(model_config, load_config, quant_config)
+
+
+def sglang_own(target: str) -> Callable[..., Any]:
+    """sglang's function at ``target``, unwrapped of any hook ``HookRegistry`` put on it."""
+    import importlib
+
+    module, _, name = target.rpartition(".")
+    return cast(
+        Callable[..., Any], sglang_private.unwrapped(getattr(importlib.import_module(module), name))
+    )
 
 
 def sglang_weights(

@@ -495,8 +495,9 @@ def _dry_run(
     except Exception as exc:  # noqa: BLE001 - sglang's loader stops: said, the rest stands
         error = quoted(exc)
         same = error == report.stock_loader_error
-        report.dry_run = "not run (its loader stops as stock's)" if same else f"not run ({error})"
+        report.dry_run = f"not run ({error})"
         if modelslim:  # a server of this form stops loading the draft, the plugin's or not
+            report.dry_run = "not run (its loader stops as stock's)" if same else report.dry_run
             said = "as stock's does" if same else f"with {error}"
             report.problems.append(f"with the plugin too sglang's loader stops ({said}): {WAY_OUT}")
         else:
