@@ -41,13 +41,14 @@ env.prepare()
 
 import torch  # noqa: E402
 from accept import report, sglang_load, speculate  # noqa: E402
-from accept.corpus import line_start_windows, load_corpus  # noqa: E402
 from accept.export import export_modelslim, write_float_checkpoint  # noqa: E402
 from accept.model import TinySpec  # noqa: E402
 from accept.train import TrainRecipe, train  # noqa: E402
 from accept.writer_proof import prove  # noqa: E402
-
-FLOAT_BAR, PLUGIN_SHARE_BAR, STOCK_BAR = 2.0, 0.97, 1.3
+from e2e.checks import ACCEPT_SHARE as PLUGIN_SHARE_BAR  # noqa: E402
+from e2e.checks import FLOAT_MIN as FLOAT_BAR  # noqa: E402
+from e2e.checks import STOCK_MAX as STOCK_BAR  # noqa: E402
+from e2e.corpus import line_start_windows, load_corpus  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

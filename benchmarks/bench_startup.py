@@ -39,7 +39,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.machine import describe  # noqa: E402
+from e2e.machine import describe  # noqa: E402
 from e2e.plan import MODELSLIM  # noqa: E402
 from e2e.server import Server, ServerRun  # noqa: E402
 

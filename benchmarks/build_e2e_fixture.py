@@ -35,10 +35,10 @@ from accept import env  # noqa: E402
 
 env.prepare()
 
-from accept.corpus import load_corpus  # noqa: E402
 from accept.export import export_modelslim, write_float_checkpoint  # noqa: E402
 from accept.model import FULL, TinySpec  # noqa: E402
 from accept.train import TrainRecipe, train  # noqa: E402
+from e2e.corpus import load_corpus  # noqa: E402
 
 #: the bundled model: make accept's sizes with every layer full attention
 E2E_SPEC = TinySpec(layer_types=(FULL,) * 4)

@@ -5,7 +5,7 @@ Usage::
     .venv/bin/python benchmarks/draft_memory.py                      # every model below
     .venv/bin/python benchmarks/draft_memory.py --models qwen3.5-27b --json .cache/bench/memory.json
 
-What it measures: for each model, each launch form (``doctor/forms.py``: F1 flagless, F2
+What it measures: for each model, each launch form (``tools/forms.py``: F1 flagless, F2
 ``--quantization modelslim``, F3 ``--speculative-draft-model-quantization unquant``, F4
 ``--speculative-draft-model-quantization modelslim``) and each rank of the model's usual
 deployment, the bytes of the parameters sglang 0.5.23's own draft class creates on that rank
@@ -16,8 +16,8 @@ the export (no weights: building reads neither), through the doctor's own build
 (``dryrun.build_meta_draft``: sglang's draft ``ModelConfig`` for the launch's flags, its
 quantization config, the class as on NPU, NPU kernels looked up at construction answered by
 placeholders). A form whose draft stock sglang cannot build (a ModelSlim build meeting MoE
-experts described FLOAT, sglang #34211) is built as the plugin builds it (those experts
-unquantized: ``forms.built_as_plugin_builds``) and marked so.
+experts described FLOAT, sglang #34211) is built as the plugin builds it (the serving hook's own
+answers: ``float_layers.builds_as_the_plugin``) and marked so.
 
 How each rank is set up: one process per rank, each a rank of a real gloo world of the
 deployment's size joined with sglang's own ``init_distributed_environment`` /
@@ -59,13 +59,10 @@ sys.path.insert(0, HERE)
 
 import support_on_path  # noqa: E402, F401  (test/ on sys.path, for support.*)
 
-#: the launch forms (key, flags), as ``doctor/forms.py`` lists them
-FORM_FLAGS = {
-    "F1": [],
-    "F2": ["--quantization", "modelslim"],
-    "F3": ["--speculative-draft-model-quantization", "unquant"],
-    "F4": ["--speculative-draft-model-quantization", "modelslim"],
-}
+from sglang_mtp_dequant.tools.forms import FORMS  # noqa: E402
+
+#: the launch forms (key, flags): ``tools/forms.py``'s
+FORM_FLAGS = {key: list(form.flags) for key, form in FORMS.items()}
 
 
 @dataclass(frozen=True)
@@ -171,12 +168,8 @@ def _form_bytes(folder: str, flags: list[str], tp: int, ep: int, rank: int) -> d
 
 
 def _built_bytes(folder: str, launch: Any) -> dict[str, Any]:
-    from sglang_mtp_dequant.formats.description import read_description
+    from sglang_mtp_dequant.serving.float_layers import builds_as_the_plugin
     from sglang_mtp_dequant.tools.cpu_sglang import build_draft, draft_model_config
-    from sglang_mtp_dequant.tools.doctor.forms import (
-        built_as_plugin_builds,
-        plugin_outcome_for_quantized_draft,
-    )
     from sglang_mtp_dequant.tools.draft_memory import bytes_by_dtype, draft_parameter_bytes
 
     config = draft_model_config(folder)
@@ -185,12 +178,11 @@ def _built_bytes(folder: str, launch: Any) -> dict[str, Any]:
         try:
             model = build_draft(config, "meta")
         except Exception as exc:  # noqa: BLE001 - stock cannot build it: the plugin's build
-            outcome = plugin_outcome_for_quantized_draft(read_description(folder).entries, "draft")
-            if not outcome.float_layers or not outcome.serves:
-                return {"error": f"{type(exc).__name__}: {exc}"}
-            model = build_draft(config, "meta", built_as_plugin_builds(outcome))
-            layers = ", ".join(outcome.float_layers)
-            how = f"the plugin's build ({layers} unquantized); stock: {type(exc).__name__}: {exc}"
+            try:
+                model = build_draft(config, "meta", builds_as_the_plugin)
+            except Exception as refused:  # noqa: BLE001 - the plugin's refusal, or sglang's
+                return {"error": f"{type(refused).__name__}: {refused}"}
+            how = f"the plugin's build; stock: {type(exc).__name__}: {exc}"
     quant = getattr(model, "quant_config", None)
     return {
         "class": type(model).__name__,

@@ -27,6 +27,11 @@ BRANCH_LINE = re.compile(
 #: the run of the quantized draft with the fix: the plugin's, or the feature branch's
 FIXED = ("plugin", "branch")
 
+#: the accept-length bars (sglang's own, completion tokens per verify step): the float draft
+#: reaches FLOAT_MIN, stock's draft of raw codes stays under STOCK_MAX, and a fixed draft
+#: reaches ACCEPT_SHARE of the float draft's (the e2e runs, the forms table, ``make accept``)
+FLOAT_MIN, STOCK_MAX, ACCEPT_SHARE = 2.0, 1.3, 0.97
+
 SHIM_MARK = "sglang-mtp-dequant e2e shim:"
 #: ``site/e2e_shim_npu_check.py``'s line: the draft module's ``is_npu`` answered True
 DRAFT_NPU_CHECK_LINE = (
@@ -219,16 +224,16 @@ class Bars:
     fixed: float  # the plugin's run, or the feature branch's
     quantized_draft: float | None = None
     fixed_label: str = "plugin"
-    float_min: float = 2.0
-    stock_max: float = 1.3
-    plugin_share_min: float = 0.97
+    float_min: float = FLOAT_MIN
+    stock_max: float = STOCK_MAX
+    plugin_share_min: float = ACCEPT_SHARE
     #: stock's target served the plugin's target's tokens (else the stock bound says nothing:
     #: stock's draft is then checked against a different, broken target)
     stock_target_same: bool = True
     stock_broken: bool = True
 
     @classmethod
-    def of(cls, results: dict, float_min: float = 2.0, stock_broken: bool = True) -> Bars:
+    def of(cls, results: dict, float_min: float = FLOAT_MIN, stock_broken: bool = True) -> Bars:
         def length(label: str) -> float | None:
             return (results[label].accept_length or 0.0) if label in results else None
 

@@ -16,14 +16,15 @@ state must reproduce); and each launch form of ``e2e/plan.py`` (F1 flagless, F2
 (``SGLANG_PLUGINS=none``) and on. Short runs: 2 held-out prompts x 16 greedy tokens.
 
 Each cell is sglang's own accept length (``completion_tokens`` / ``spec_verify_ct`` from
-``/generate``'s ``meta_info``), whether it is >= 0.97 x the float draft's, and whether the
-tokens equal the run without speculation; or, for a server that stopped, the first line of the
-last exception of the real traceback in its log (sglang's own error, quoted); where that
+``/generate``'s ``meta_info``), whether it is >= ``checks.ACCEPT_SHARE`` x the float draft's,
+and whether the tokens equal the run without speculation; or, for a server that stopped, the
+first line of the last exception of the real traceback in its log (sglang's own error, quoted);
+where that
 exception is an Ascend operator with no CPU stand-in (``torch.ops.npu.*``, ``torch_npu``), the
 cell names that NPU-only piece. The table is printed and written (``--markdown``, ``--json``).
 
 Exit status 1 when a server that served emitted tokens other than its run without speculation,
-a plugin-on cell that served is under 0.97 x float, the float run did not serve, or a CPU
+a plugin-on cell that served is under that share of float, the float run did not serve, or a CPU
 stand-in a served server needed did not announce itself; a server that stops is a cell, not a
 failure (the table says which forms serve).
 """
@@ -39,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from e2e.checks import PLUGIN_LINE, check_shims, first_difference
+from e2e.checks import ACCEPT_SHARE, PLUGIN_LINE, check_shims, first_difference
 from e2e.client import Generation, generate
 from e2e.inputs import InputError, check_model, check_target, heldout_prompts
 from e2e.plan import FORMS, form_run
@@ -49,7 +50,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(REPO, "test", "fixtures", "e2e")
 #: the bundled fixtures, in the order they are served (dense and MoE first: the cheapest)
 DEFAULT_FIXTURES = ("w8a8", "moe_w8a8", "hybrid_w8a8", "moe_float_experts")
-PLUGIN_SHARE_MIN = 0.97
 #: the Ascend operator namespace and package: what keeps a server off the CPU
 NPU_PIECE = (
     re.compile(r"torch\.ops\.npu\.(\w+)"),
@@ -291,9 +291,9 @@ def fixture_rows(fixture: Fixture, cells: dict[str, Cell], forms: list[str]) -> 
             share = "-"
             if cell.served and ceiling and cell.accept_length is not None:
                 ratio = cell.accept_length / ceiling
-                share = f"{'yes' if ratio >= PLUGIN_SHARE_MIN else 'no'} ({ratio:.2f})"
+                share = f"{'yes' if ratio >= ACCEPT_SHARE else 'no'} ({ratio:.2f})"
             rows.append(
-                f"| {fixture.name} | {name} {FORMS[name].flags} | {state} | {describe(cell)} | "
+                f"| {fixture.name} | {name} {FORMS[name].label} | {state} | {describe(cell)} | "
                 f"{share} | {tokens_equal(cell, reference)} |"
             )
     return rows
@@ -301,7 +301,7 @@ def fixture_rows(fixture: Fixture, cells: dict[str, Cell], forms: list[str]) -> 
 
 HEADER = (
     "| fixture | launch form | plugin | sglang accept length (tokens / verify), or why it stops "
-    "| >= 0.97 x float (share) | tokens = no speculation |",
+    f"| >= {ACCEPT_SHARE} x float (share) | tokens = no speculation |",
     "|---|---|---|---|---|---|",
 )
 
@@ -322,13 +322,13 @@ def failures_of(fixture: Fixture, cells: dict[str, Cell], forms: list[str]) -> l
             if equal.startswith("no"):
                 out.append(f"{fixture.name} {name} plugin {state}: tokens {equal}")
             if state == "on" and cell.served and ceiling and cell.accept_length is not None:
-                if cell.accept_length < PLUGIN_SHARE_MIN * ceiling:
+                if cell.accept_length < ACCEPT_SHARE * ceiling:
                     out.append(
                         f"{fixture.name} {name} plugin on: accept length "
-                        f"{cell.accept_length:.3f} < {PLUGIN_SHARE_MIN} x float ({ceiling:.3f})"
+                        f"{cell.accept_length:.3f} < {ACCEPT_SHARE} x float ({ceiling:.3f})"
                     )
             dequantized = PLUGIN_LINE.findall(_read(cell.log_path)) if cell.served else []
-            if dequantized and (state == "off" or FORMS[name].draft_quantized):
+            if dequantized and (state == "off" or FORMS[name].draft_built is not None):
                 out.append(f"{fixture.name} {name} plugin {state}: dequantized {dequantized}")
     served = {label: cell for label, cell in cells.items() if cell.served}
     out += [f"{fixture.name}: {failure}" for failure in check_shims(served)]

@@ -19,9 +19,10 @@ import os
 
 from safetensors import safe_open
 
+from sglang_mtp_dequant.formats.description import DESCRIPTION_NAME as DESCRIPTION
+
 #: the Qwen3.5 MTP head's checkpoint prefix (what the bundled and released checkpoints use)
 MTP_PREFIX = "mtp."
-DESCRIPTION = "quant_model_description.json"
 CODE_DTYPES = ("int8", "uint8", "int16", "int32", "float8_e4m3fn", "float8_e5m2")
 
 
@@ -105,7 +106,7 @@ def _mtp_dtypes(files: list[str]) -> dict[str, str]:
 
 def heldout_prompts(count: int, length: int) -> list[list[int]]:
     """``count`` windows of ``length`` bytes of ``make accept``'s held-out text, as ids."""
-    from benchmarks.accept.corpus import line_start_windows, load_corpus
+    from e2e.corpus import line_start_windows, load_corpus
 
     windows = line_start_windows(load_corpus().heldout, count, length)
     return [row.tolist() for row in windows]

@@ -8,17 +8,11 @@ Usage::
     for run in plan.runs: ...            # in start order
     plan.reference_of["plugin"]          # "reference": the label whose tokens it must equal
 
-The launch forms (``FORMS``) are the quantization flags users type for ONE ModelSlim folder
-served with EAGLE and no draft path (sglang drafts with the folder's own MTP head); everything
-else is the same launch. On sglang 0.5.14-0.5.23 an unset draft flag takes the target's CLI
-``--quantization`` (0.5.23 ``arg_groups/serving_hook.py``), and sglang auto-detects a ModelSlim
-description for the target only (``model_config.py`` ``_find_quant_modelslim_config``), so:
-
-- F1 flagless: the target auto-detected ModelSlim, the draft built unquantized;
-- F2 ``--quantization modelslim``: target and draft built quantized;
-- F3 ``--speculative-draft-model-quantization unquant``: as F1, the draft unquantized on request;
-- F4 ``--speculative-draft-model-quantization modelslim``: the target auto-detected, the draft
-  built quantized.
+The launch forms are the package's (``sglang_mtp_dequant.tools.forms.FORMS``): the
+quantization flags users type for ONE ModelSlim folder served with EAGLE and no draft path
+(sglang drafts with the folder's own MTP head); everything else is the same launch. F1 flagless
+and F3 build the draft unquantized, F2 and F4 quantized; the target auto-detects ModelSlim
+in every form but F2, which asks for it.
 
 The one-folder plan serves ``model`` in one form (``make e2e``: F1; ``--form`` others). Its runs:
 
@@ -52,35 +46,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from sglang_mtp_dequant.tools.forms import FORMS, MODELSLIM, Form
+
 from .server import ServerRun
 
-MODELSLIM = "modelslim"
-UNQUANT = "unquant"
-
-
-@dataclass(frozen=True)
-class Form:
-    """One launch form: the quantization flags given (None: the flag is absent)."""
-
-    name: str
-    quantization: str | None
-    draft_quantization: str | None
-    flags: str  # as a user types them
-
-    @property
-    def draft_quantized(self) -> bool:
-        """Stock sglang builds the draft quantized (the unset draft flag takes the target's CLI
-        ``--quantization``); else unquantized over the folder's codes (stock's bug)."""
-        chosen = self.draft_quantization or self.quantization
-        return chosen == MODELSLIM
-
-
-FORMS = {
-    "F1": Form("F1", None, None, "flagless"),
-    "F2": Form("F2", MODELSLIM, None, "--quantization modelslim"),
-    "F3": Form("F3", None, UNQUANT, "--speculative-draft-model-quantization unquant"),
-    "F4": Form("F4", None, MODELSLIM, "--speculative-draft-model-quantization modelslim"),
-}
+__all__ = ["FORMS", "MODELSLIM", "Form", "Plan"]
 #: the forms step 01 of the feature branch may launch (the bug needs the draft built unquantized)
 UPSTREAM_FORMS = ("F1", "F3")
 
@@ -121,7 +91,7 @@ def form_run(
         speculative=speculative,
         plugin=plugin,
         quantization=form.quantization,
-        draft_quantization=form.draft_quantization,
+        draft_quantization=form.draft,
         tp_size=tp_size,
         sglang_path=sglang_path,
         draft_npu_check=draft_npu_check,
@@ -150,7 +120,7 @@ def one_folder_plan(
         reference_of["float"] = "float_reference"
         paired = ("plugin", "float")
     runs.append(on_model("stock", True, plugin=False))
-    if not launch.draft_quantized:
+    if launch.draft_built is None:
         runs.append(on_model("quantized_draft", True, how=FORMS["F4"]))
         reference_of["quantized_draft"] = "reference"
     runs.append(on_model("reference", False))

@@ -46,7 +46,6 @@ from safetensors import safe_open
 from torch import nn
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DESCRIPTION = "quant_model_description.json"
 W8A8_DYNAMIC = "W8A8_DYNAMIC"
 #: the target's layers (the MTP head, ``mtp.*``, is the draft's: not in transformers' class)
 TARGET_PREFIX = "model."
@@ -65,15 +64,12 @@ COMPARISONS = (
 def quantized_linears(folder: str) -> list[str]:
     """The target's linear layers the export's description calls W8A8_DYNAMIC, by module name
     (none for a float folder)."""
-    path = os.path.join(folder, DESCRIPTION)
-    if not os.path.isfile(path):
-        return []
-    with open(path, encoding="utf-8") as handle:
-        description = json.load(handle)
+    from sglang_mtp_dequant.formats.description import WEIGHT, read_description
+
     return sorted(
-        key[: -len(".weight")]
-        for key, kind in description.items()
-        if key.startswith(TARGET_PREFIX) and key.endswith(".weight") and kind == W8A8_DYNAMIC
+        key[: -len(WEIGHT)]
+        for key, kind in read_description(folder).entries.items()
+        if key.startswith(TARGET_PREFIX) and key.endswith(WEIGHT) and kind == W8A8_DYNAMIC
     )
 
 
@@ -344,9 +340,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, REPO)
-    from benchmarks.machine import describe
-
     from e2e.inputs import heldout_prompts
+    from e2e.machine import describe
 
     print(describe(), flush=True)
     prompts = heldout_prompts(args.prompts, args.prompt_len)

@@ -32,14 +32,15 @@ Accept length is sglang's own: the sum of ``completion_tokens`` over the sum of
 unless every speculative run emits exactly its reference run's tokens; the plugin's INFO line
 names the folder in the plugin server's log (once per rank with ``--tp-size``) and nowhere
 else (nowhere at all in F2/F4, whose draft sglang builds quantized); every CPU stand-in a
-server needs announced itself in its log; and float >= 2.0 (1.5 for the hybrid), plugin and
-quantized_draft >= 0.97 x float, stock <= 1.3 in F1/F3 (its draft is the raw codes) and
->= 0.97 x float in F2/F4. Without a float folder (``--model`` alone, ``--short``) the draft
-built quantized is the ceiling (F2/F4: stock's own run). The full run also checks, on the plugin
-server, a 512-token generation against the reference run's, and 8 concurrent requests against
-the same requests one by one, and measures plugin over float tokens/s with both servers up and
-requests alternated (median and spread of 3 rounds). The hybrid family also checks the float
-target's tokens against transformers' greedy decode. Last line::
+server needs announced itself in its log; and the accept bars of ``checks.py`` hold: float
+>= FLOAT_MIN (1.5 for the hybrid), plugin and quantized_draft >= ACCEPT_SHARE x float, stock
+<= STOCK_MAX in F1/F3 (its draft is the raw codes) and >= ACCEPT_SHARE x float in F2/F4.
+Without a float folder (``--model`` alone, ``--short``) the draft built quantized is the ceiling
+(F2/F4: stock's own run). The full run also checks, on the plugin server, a 512-token generation
+against the reference run's, and 8 concurrent requests against the same requests one by one, and
+measures plugin over float tokens/s with both servers up and requests alternated (median and
+spread of 3 rounds). The hybrid family also checks the float target's tokens against
+transformers' greedy decode. Last line::
 
     e2e accept_length float=F stock=S plugin=P quantized_draft=Q tokens_per_s float=a ... form=F1
 
@@ -47,7 +48,7 @@ target's tokens against transformers' greedy decode. Last line::
 launch (F1, or ``--form F3``): ``reference``, ``float``, ``float_reference`` and ``branch``
 run the patched sglang tree (its ``python/`` first on the path) with the plugin off, ``stock``
 the installed sglang with the plugin off; the branch's own INFO line must name the folder,
-stock <= 1.3 and branch >= 0.97 x float, and the last line says ``branch=B``.
+stock <= STOCK_MAX and branch >= ACCEPT_SHARE x float, and the last line says ``branch=B``.
 ``--target`` / ``--draft`` (the earlier form: a float target, the ModelSlim folder passed as
 ``--speculative-draft-model-path`` with ``unquant``) and ``--family moe`` (whose target's
 quantized experts need NPU-only kernels, so its float target serves) run four servers:
@@ -70,6 +71,7 @@ import time
 from dataclasses import dataclass, field
 
 from e2e.checks import (
+    FLOAT_MIN,
     Bars,
     check_logs,
     check_moe_logs,
@@ -103,7 +105,7 @@ class Family:
     modelslim_folder: str
     line: str  # the last line's first word
     one_folder: bool  # served as one ModelSlim folder by default (else the two-folder form)
-    float_min: float = 2.0
+    float_min: float = FLOAT_MIN
 
 
 FAMILIES = {
@@ -511,7 +513,7 @@ def describe_run(run: ServerRun) -> str:
 
 
 def machine_line() -> str:
-    from benchmarks.machine import describe
+    from e2e.machine import describe
 
     return describe()
 
@@ -527,7 +529,7 @@ def last_line(args, plan: Plan, by_label: dict[str, RunResult], bars: Bars, pair
             f"{fixed}={bars.fixed:.3f} tokens_per_s float={tps('float')} "
             f"stock={tps('stock')} {fixed}={tps(fixed)}"
         )
-        return line + (f" form={plan.launch.name}" if plan.launch else "")
+        return line + (f" form={plan.launch.key}" if plan.launch else "")
     line = (
         f"{args.line} accept_length float={_value(bars.float)} stock={bars.stock:.3f} "
         f"plugin={bars.fixed:.3f} quantized_draft={_value(bars.quantized_draft)} tokens_per_s "
@@ -543,7 +545,7 @@ def last_line(args, plan: Plan, by_label: dict[str, RunResult], bars: Bars, pair
     if args.tp_size != 1:
         line += f" tp_size={args.tp_size}"
     if plan.launch is not None:
-        line += f" form={plan.launch.name}"
+        line += f" form={plan.launch.key}"
     agree = {name: target_agreement(by_label, label) for name, label in TARGET_AGREE.items()}
     if all(agree.values()):
         line += " target_agree " + " ".join(
@@ -580,8 +582,8 @@ def write_json(args, plan: Plan, prompts, results: list[RunResult], failures, **
                 "machine": machine_line(),
                 "family": args.family,
                 "form": plan.form,
-                "launch": plan.launch.name if plan.launch else None,
-                "launch_flags": plan.launch.flags if plan.launch else None,
+                "launch": plan.launch.key if plan.launch else None,
+                "launch_flags": plan.launch.label if plan.launch else None,
                 "tp_size": args.tp_size,
                 "prompts": prompts,
                 "new_tokens": args.new_tokens,
@@ -615,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
         say(machine_line())
         served = f"{args.target} + {args.draft}"
         if plan.launch is not None:
-            served = f"{args.model} in {plan.launch.name} ({plan.launch.flags})"
+            served = f"{args.model} in {plan.launch.key} ({plan.launch.label})"
         say(
             f"e2e ({plan.form}): {served}; {len(plan.runs)} servers "
             f"({', '.join(plan.labels())}), {len(prompts)} prompts x {args.new_tokens} greedy "
@@ -638,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args, plan, prompts, results, failures)
         return targets_only_end(args, by_label, failures)
     # in F2/F4 sglang builds the draft quantized: the fix has nothing to do
-    stock_broken = plan.launch is None or not plan.launch.draft_quantized
+    stock_broken = plan.launch is None or plan.launch.draft_built is None
     failures += check_logs(by_label, plan.draft_folder, expect_fix=stock_broken)
     failures += check_shims(by_label, hybrid=args.family == "hybrid")
     failures += check_extras(by_label, pairing, plan)

@@ -39,6 +39,9 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass
 
+from sglang_mtp_dequant.formats.description import DESCRIPTION_NAME as DESCRIPTION
+from sglang_mtp_dequant.tools.forms import MODELSLIM, draft_quantization
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SITE = os.path.join(HERE, "site")
 #: the prefix of each server's own TMPDIR (short: sglang's ZMQ socket paths live in it)
@@ -51,10 +54,6 @@ SPECULATIVE_FLAGS = (
     "--speculative-eagle-topk", "1",
     "--speculative-num-draft-tokens", "4",
 )  # fmt: skip
-#: what sglang auto-detects a ModelSlim folder by (``ModelConfig._find_quant_modelslim_config``,
-#: for the target only: never for the draft)
-DESCRIPTION = "quant_model_description.json"
-MODELSLIM = "modelslim"
 #: sglang on a CPU without sgl-kernel (docs/results.md, "What was real")
 CPU_FLAGS = (
     "--device", "cpu",
@@ -144,10 +143,7 @@ class ServerRun:
         the draft flag, else the target's CLI ``--quantization``; None without speculation."""
         if not self.speculative:
             return None
-        chosen = (
-            self.draft_quantization if self.draft_quantization is not None else self.quantization
-        )
-        return None if chosen in (None, "unquant") else chosen
+        return draft_quantization(self.quantization, self.draft_quantization)
 
     def command(self, port: int) -> list[str]:
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.target]

@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import support_on_path  # noqa: F401  (the repository root on sys.path, for e2e.*)
 import torch
+from e2e.corpus import Corpus, random_windows
 
-from .corpus import Corpus, random_windows
 from .model import TinyQwen35, TinySpec
 
 

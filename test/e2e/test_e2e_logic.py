@@ -97,7 +97,7 @@ def test_each_form_launches_exactly_its_quantization_flags(form, tmp_path):
     # without speculation only the target's flag is given
     target_flags = flags if form == "F2" else []
     assert quantization_flags(runs["reference"].command(1)) == target_flags
-    assert plan.FORMS[form].draft_quantized == (built == "modelslim")
+    assert plan.FORMS[form].draft_built == built
     # the draft built quantized has its own run only where the form's draft is not
     assert ("quantized_draft" in runs) == (built is None)
 
@@ -374,13 +374,13 @@ def test_e2e_serves_f1_by_default_and_step_01s_form_on_the_tree():
     from e2e import run as e2e_run
 
     args = e2e_run.parse_args([])
-    assert args.layout == "one-folder" and e2e_run.make_plan(args).launch.name == "F1"
+    assert args.layout == "one-folder" and e2e_run.make_plan(args).launch.key == "F1"
     args = e2e_run.parse_args(["--short", "--form", "F2"])
     p = e2e_run.make_plan(args)
-    assert p.launch.name == "F2" and "quantized_draft" not in p.labels()
+    assert p.launch.key == "F2" and "quantized_draft" not in p.labels()
     args = e2e_run.parse_args(["--short", "--upstream-tree", "/tree"])
     p = e2e_run.make_plan(args)
-    assert p.form == "upstream" and p.launch.name == "F1"
+    assert p.form == "upstream" and p.launch.key == "F1"
     assert {r.label: r for r in p.runs}["float"].target.endswith("test/fixtures/e2e/float")
     with pytest.raises(SystemExit):
         e2e_run.parse_args(["--upstream-tree", "/tree", "--form", "F4"])

@@ -82,7 +82,7 @@ def test_one_dequantize_per_int8_draft_weight_and_ok(doctor_json, name):
     assert report["draft_class"] == "Qwen3_5ForCausalLMMTP" and report["hooked"] is True
     if name != "q35_dense_w4a8_dynamic":
         assert "copies the codes of" in report["stock_sglang"]
-    assert report["schema_version"] == 3 and report["unfilled_parameters"] == {}
+    assert report["schema_version"] == 4 and report["unfilled_parameters"] == {}
     assert report["folder"] == folder and "DefaultModelLoader" in report["resolved_by"]
     assert (
         report["dry_run"] == "Qwen3_5ForCausalLMMTP on the meta device, through the plugin's stream"

@@ -1,12 +1,12 @@
 """The doctor's answer for each launch form (F1-F4), per sglang release, and the draft's memory.
 
 Against sglang 0.5.23's own resolution and draft classes built on the meta device: the MoE
-W8A8_DYNAMIC e2e fixture (``moe_w8a8``), a copy of it whose MTP routed experts are FLOAT
-(``support.float_experts``, derived: the e2e export ``moe_float_experts`` is written by another
-change), and one with experts part FLOAT. NPU kernels cannot run here: the quantized MoE layers
-look theirs up while built, answered by placeholders (``cpu_env.npu_kernels_looked_up``); no
-kernel is called. The plugin's build of a draft with FLOAT experts under F2/F4 is the contract
-(``forms.plugin_outcome_for_quantized_draft``), checked here as the doctor states it.
+W8A8_DYNAMIC e2e fixture (``moe_w8a8``), a copy of it whose MTP routed experts only are FLOAT
+(``support.float_experts``), and one with experts part FLOAT. NPU kernels cannot run here: the
+quantized MoE layers look theirs up while built, answered by placeholders
+(``cpu_env.npu_kernels_looked_up``); no kernel is called. Where stock sglang cannot build the
+draft under F2 / F4, the doctor builds it with the serving hook itself
+(``float_layers.builds_as_the_plugin``): ``test_the_doctors_quantized_build_is_the_serving_hooks``.
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ import pytest
 
 from sglang_mtp_dequant.serving.context import sglang_version
 from sglang_mtp_dequant.tools.doctor import diagnose
-from sglang_mtp_dequant.tools.doctor.forms import (
+from sglang_mtp_dequant.tools.forms import (
     FORMS,
     RULES,
     draft_quantization,
     form_of,
-    plugin_outcome_for_quantized_draft,
     rule_for,
 )
 from sglang_mtp_dequant.tools.launch import parse_launch
@@ -43,8 +42,7 @@ def float_experts(tmp_path_factory) -> str:
 
 
 def doctor(folder: str, key: str, forms: bool = False):
-    form = {f.key: f for f in FORMS}[key]
-    launch = parse_launch(folder, [*form.flags, "--speculative-algorithm", "EAGLE"])
+    launch = parse_launch(folder, [*FORMS[key].flags, "--speculative-algorithm", "EAGLE"])
     return diagnose(folder, launch=launch, forms=forms)
 
 
@@ -122,27 +120,31 @@ def test_experts_part_float_part_quantized_stop_naming_the_layer_and_the_form_th
     report = doctor(folder, "F2")
     assert report.verdict == "error" and report.startup_error
     (problem,) = report.problems
-    assert problem.startswith(f"the plugin stops the start-up at {EXPERTS} (")
+    assert problem.startswith(
+        f"the plugin stops the start-up: sglang-mtp-dequant: MoE layer {EXPERTS}: "
+    )
     assert (
         "F1 (no quantization flag) or F3 (--speculative-draft-model-quantization unquant)"
         in problem
     )
 
 
-def test_the_contract_function_from_the_description_alone(float_experts):
-    import json
+def test_the_doctors_quantized_build_is_the_serving_hooks(float_experts, monkeypatch):
+    """The doctor asks the serving hook itself (``float_layers.quant_method``), not a copy of
+    its rule: with the hook answering as sglang does, the plugin's build stops where stock's
+    does, and the doctor says so (naming the launch that serves)."""
+    from sglang_mtp_dequant.serving import float_layers
 
-    with open(os.path.join(float_experts, "quant_model_description.json")) as handle:
-        description = json.load(handle)
-    outcome = plugin_outcome_for_quantized_draft(description, "Qwen3_5ForCausalLMMTP")
-    assert outcome.float_layers == (EXPERTS,) and outcome.refused == () and outcome.serves
-    description[f"{EXPERTS}.3.up_proj.weight"] = "W8A8_DYNAMIC"
-    description["mtp.layers.0.self_attn.k_proj.weight"] = "FLOAT"  # a fused qkv part float
-    outcome = plugin_outcome_for_quantized_draft(description, "Qwen3_5ForCausalLMMTP")
-    assert [layer for layer, _ in outcome.refused] == [
-        EXPERTS,
-        "mtp.layers.0.self_attn.qkv_proj",
-    ] and not outcome.serves
+    def as_sglang(original, quant_config, layer, prefix, *args, **kwargs):
+        return original(quant_config, layer, prefix, *args, **kwargs)
+
+    assert doctor(float_experts, "F2").verdict == "ok"
+    monkeypatch.setattr(float_layers, "quant_method", as_sglang)
+    report = doctor(float_experts, "F2")
+    assert report.verdict == "error" and report.built_quantized is None
+    (problem,) = report.problems
+    assert problem.startswith("with the plugin too sglang stops at start-up (as stock does): ")
+    assert "F1 (no quantization flag) or F3" in problem
 
 
 # -- every form, and the recommendation ------------------------------------------------------
@@ -161,20 +163,24 @@ def test_every_form_is_answered_and_the_cheapest_that_serves_recommended(float_e
         report.recommended
     )
     assert answers["F2"].stock.startswith("does not start (ValueError: Unsupported ModelSlim")
+    assert answers["F2"].stock_error.startswith("ValueError: Unsupported ModelSlim MoE schemes")
 
 
 def test_a_target_with_float_experts_stops_stock_in_every_form_and_the_plugin_serves_each():
     """The bundled ``moe_float_experts`` export: its backbone's routed experts are FLOAT too,
     and the target is built with ModelSlim in every form (auto-detected in F1/F3), so stock
     sglang stops at the target's first MoE layer whatever the draft flags (as its server did:
-    docs/results.md); with the plugin every form serves. Without the target check the doctor
-    said "serves garbage" for F1/F3 there."""
+    docs/results.md); with the plugin every form serves. The top answer says the same."""
     report = doctor(os.path.join(E2E, "moe_float_experts"), "F1", forms=True)
     answers = {a.key: a for a in report.forms}
     assert list(answers) == ["F1", "F2", "F3", "F4"]
     for answer in answers.values():
-        assert answer.stock.startswith("does not start: the target's model.layers.0.mlp.experts")
+        assert answer.stock == "does not start (at the target)"
+        assert answer.target.startswith("stock does not start at model.layers.0.mlp.experts and")
         assert answer.stock_serves is False and answer.plugin_serves
+    assert report.stock.startswith(
+        f"stock sglang {sglang_version()} does not start: the target's model.layers.0.mlp.experts"
+    )
     assert report.recommended.startswith("F2 (--quantization modelslim) or F4 (")
 
 
@@ -184,13 +190,12 @@ def test_a_target_with_float_experts_stops_stock_in_every_form_and_the_plugin_se
 @pytest.mark.parametrize("release", sorted(RULES))
 def test_each_release_gives_an_unset_draft_quantization_the_target_flag(release):
     expected = {"F1": None, "F2": "modelslim", "F3": None, "F4": "modelslim"}
-    for form in FORMS:
-        flags = dict(zip(form.flags[::2], form.flags[1::2], strict=True))
-        quantization = flags.get("--quantization")
-        draft = flags.get("--speculative-draft-model-quantization")
-        assert form_of(quantization, draft) == form
-        assert draft_quantization(release, quantization, draft) == expected[form.key], form
-    assert rule_for(release).release == release
+    for form in FORMS.values():
+        assert form_of(form.quantization, form.draft) == form
+        assert draft_quantization(form.quantization, form.draft) == expected[form.key], form
+        assert form.draft_built == expected[form.key]
+    assert rule_for(release).release == release == rule_for(f"{release}.post1").release
+    assert rule_for("0.9.0").release == "0.5.23"  # newer than read: the newest read
 
 
 def test_the_rule_agrees_with_the_installed_sglangs_resolution_and_its_cited_lines():
@@ -199,13 +204,10 @@ def test_the_rule_agrees_with_the_installed_sglangs_resolution_and_its_cited_lin
     the rule cites for the installed release hold that code."""
     from sglang_mtp_dequant.tools.cpu_sglang import draft_model_config, prepare_cpu_process
 
-    for form in FORMS:
-        flags = dict(zip(form.flags[::2], form.flags[1::2], strict=True))
-        q, d = flags.get("--quantization"), flags.get("--speculative-draft-model-quantization")
+    for form in FORMS.values():
+        q, d = form.quantization, form.draft
         prepare_cpu_process(MOE, quantization=q, speculative_draft_model_quantization=d)
-        assert draft_model_config(MOE).quantization == draft_quantization(sglang_version(), q, d), (
-            form
-        )
+        assert draft_model_config(MOE).quantization == draft_quantization(q, d), form
     import sglang  # imported (torchvision repaired) by prepare_cpu_process above
 
     rule = rule_for(sglang_version())
@@ -285,8 +287,8 @@ def test_the_cli_prints_the_form_every_forms_line_and_the_recommendation(capsys,
     assert "  form: F2 (--quantization modelslim)" in out
     forms = [line.strip() for line in out if re.match(r"    F[1-4] ", line)]
     assert [line[:2] for line in forms] == ["F1", "F2", "F3", "F4"]
-    assert "draft built quantized (modelslim)" in forms[1] and "744,448 B" in forms[1]
-    assert "draft built unquantized (bfloat16)" in forms[0] and "1,283,584 B" in forms[0]
+    assert "draft built quantized (modelslim)" in forms[1] and "(744,448 B) with the" in forms[1]
+    assert "draft built unquantized (bfloat16)" in forms[0] and "(1,283,584 B) with" in forms[0]
     (recommended,) = [line for line in out if line.startswith("  recommended: ")]
     assert "(539,136 B, 42.0%) less than F1/F3" in recommended
     assert not any("unchecked" in line for line in out)

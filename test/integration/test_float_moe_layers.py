@@ -204,3 +204,39 @@ def test_quantized_experts_left_exactly_to_sglang(tmp_path):
     assert hooked["layers"]["model.layers.0.mlp.experts"]["method"] == "ModelSlimFusedMoEMethod"
     assert not [m for _, m in hooked["records"] if "FLOAT" in m]
     assert not [r for r in hooked["records"] if r[0] == "WARNING"], hooked["records"]
+
+
+# -- a NextN draft: GLM-5's layer the shipped recipe leaves FLOAT -------------------------------
+
+NEXTN_FLOAT = os.path.join(ROOT, "test", "fixtures", "modelslim", "glm5_w8a8_nextn_float")
+NEXTN = "model.layers.2"
+
+
+def test_a_float_nextn_layer_built_as_model_decoder_is_found_under_its_checkpoint_name(tmp_path):
+    """GLM-5's NextN draft built under ModelSlim (F2 / F4) off the NPU's one-folder naming: sglang
+    builds its layer as ``model.decoder`` and its loader maps the checkpoint's
+    ``model.layers.2`` there. Stock looks the experts up under ``model.decoder`` and stops; the
+    hook reads them under the checkpoint's name, all FLOAT, and builds them unquantized, every
+    value loaded exactly as stored (the export: ``_gen/nextn_float.py``)."""
+    stock, _ = build_draft(NEXTN_FLOAT, plugin=False, tmp_path=tmp_path)
+    assert stock.get("refused") == "ValueError", stock
+    assert stock["message"].startswith(
+        "Missing ModelSlim MoE quantization description for layer model.decoder.mlp.experts"
+    )
+    report, state = build_draft(NEXTN_FLOAT, plugin=True, tmp_path=tmp_path)
+    assert report.get("draft") == "GlmMoeDsaForCausalLMNextN", report
+    assert report["layers"]["model.decoder.mlp.experts"]["method"] == "UnquantizedFusedMoEMethod"
+    said = [m for level, m in report["records"] if level == "INFO" and "FLOAT" in m]
+    assert said == [
+        f"sglang-mtp-dequant: quant_model_description.json marks every expert of {NEXTN}."
+        "mlp.experts FLOAT (12 projections); built with sglang's unquantized MoE method and "
+        "loaded as stored (sglang 0.5.23's ModelSlim has no FLOAT MoE scheme)"
+    ]
+    stored = load_file(os.path.join(NEXTN_FLOAT, SHARD))
+    for e in range(4):
+        base = f"{NEXTN}.mlp.experts.{e}"
+        w13 = state["model.decoder.mlp.experts.w13_weight"][e]
+        want = torch.cat([stored[f"{base}.{p}_proj.weight"] for p in ("gate", "up")])
+        assert torch.equal(w13, want.to(w13.dtype)), base
+        w2 = state["model.decoder.mlp.experts.w2_weight"][e]
+        assert torch.equal(w2, stored[f"{base}.down_proj.weight"].to(w2.dtype)), base

@@ -30,11 +30,8 @@ from .foreign import DeclaredFormat, declared_format
 
 @dataclass(frozen=True)
 class WeightSource:
-    """One checkpoint resolution: the folder and the weight files sglang streams from it.
-
-    ``files`` are the paths exactly as sglang's loader holds them (in a Hugging Face snapshot:
-    the symlinks of the snapshot folder, which point into ``../../blobs``), in its order.
-    """
+    """One checkpoint resolution: the folder and the weight files sglang streams from it, as
+    its loader holds them (a snapshot's symlinks), in its order."""
 
     requested: str  # what sglang was asked to load: a folder, or a hub id
     folder: str
@@ -58,8 +55,7 @@ _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
     "F8_E4M3": torch.float8_e4m3fn,
     "F8_E5M2": torch.float8_e5m2,
-    # unsigned tags safetensors also writes: without them an unsigned integer weight
-    # would look like "a dtype torch has no name for" and be planned as float
+    # unsigned tags too: else an unsigned integer weight would be planned as float
     "U16": torch.uint16,
     "U32": torch.uint32,
     "U64": torch.uint64,
@@ -112,19 +108,8 @@ class TensorInfo:
 class Checkpoint:
     """Header-level view of a checkpoint folder: tensor locations plus the ModelSlim description.
 
-    Why the headers of exactly the files sglang streams, rather than one index file: sglang's
-    ``DefaultModelLoader`` streams every ``*.safetensors`` it resolved (it filters by an index only
-    when that index is ``model.safetensors.index.json``, which ModelSlim never writes), and
-    ModelSlim's own file names vary between engines (V1 ``quant_model_weights-*``, V1 single file
-    with no index, V0 ``quant_model_weight_<type>-*`` with its own index name). Each file's header
-    is parsed once, and the small companion tensors are read in one pass per file, so opening a
-    checkpoint costs O(tensors) whatever the number of experts.
-
-    Index files are still checked, the way sglang reads them: an index names files of its own folder
-    (``os.path.join(folder, entry)``), so an entry that climbs out of the folder or is an absolute
-    path is an error, while a file that is a symlink to a blob elsewhere (a Hugging Face snapshot)
-    is normal. An index that names a missing shard for a draft tensor means the download is
-    incomplete.
+    The headers of exactly the files sglang streams (ModelSlim's file and index names vary),
+    each parsed once; index files checked as sglang reads them.
     """
 
     folder: str
@@ -147,12 +132,8 @@ class Checkpoint:
         wanted: Callable[[str], bool] = lambda name: True,
         indexes: Mapping[str, object] | None = None,
     ) -> Checkpoint:
-        """Read the description, the index files and the headers of ``source``'s files.
-
-        Only tensors whose name satisfies ``wanted`` are recorded (the draft's, usually).
-        ``indexes``: index file name -> its JSON, already parsed by the caller for this load
-        (a large export's index is parsed once); the other index files are read here.
-        """
+        """Read the description, the index files and the headers of ``source``'s files,
+        recording the tensors ``wanted`` names; ``indexes``: index files already parsed."""
         folder = os.path.abspath(source.folder)
         if not os.path.isdir(folder):
             raise CheckpointFormatError(
@@ -193,8 +174,6 @@ class Checkpoint:
                 ) from exc
         return out
 
-    # -- the files ModelSlim writes ------------------------------------------------------
-
     def _read_description(self) -> None:
         described = read_description(self.folder)
         self.description_file = described.file
@@ -221,9 +200,8 @@ class Checkpoint:
                 self._check_index_entries(index_path, weight_map, wanted)
 
     def _index_shards_sound(self, weight_map: Mapping[str, object]) -> bool:
-        """Whether every shard the index names is a file name inside the folder that exists:
-        checked once per shard (a large export maps hundreds of thousands of names to a
-        few), so that only an index with a problem is walked name by name."""
+        """Whether every shard the index names is a file inside the folder that exists (once
+        per shard: only an index with a problem is walked name by name)."""
         shards = index_shards(weight_map)
         return shards is not None and all(
             "\x00" not in shard
@@ -305,13 +283,8 @@ class Checkpoint:
 
 
 def header_names(path: str) -> list[str]:
-    """Every tensor name in a safetensors file's header, read as the format defines it (an
-    8-byte little-endian length, then that many bytes of JSON): a count of what a load walks,
-    without the per-tensor checks ``safe_open`` makes.
-
-    Raises:
-        CheckpointFormatError: the file has no readable safetensors header.
-    """
+    """Every tensor name in a safetensors file's header (an 8-byte length, then its JSON),
+    without ``safe_open``'s per-tensor checks; ``CheckpointFormatError`` for no readable header."""
     try:
         with open(path, "rb") as handle:
             length = int.from_bytes(handle.read(8), "little")

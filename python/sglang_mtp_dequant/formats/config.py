@@ -8,9 +8,8 @@ Usage::
     config.dtype                   # "bfloat16" | "float16" | "float32" | None
     config.namespace()             # attribute access, for sglang helpers that take an hf_config
 
-Why one reader: the draft's name rules (``num_hidden_layers``), the doctor, verify and the Ray
-launch check all need the same few fields, and multimodal checkpoints (Qwen3.5's
-``Qwen3_5ForConditionalGeneration``) keep them under ``text_config``.
+Why one reader: the name rules, the doctor, verify and the Ray check need the same few fields,
+which multimodal checkpoints keep under ``text_config``.
 """
 
 from __future__ import annotations
@@ -94,13 +93,8 @@ class CheckpointConfig:
 
 
 def read_json(path: str) -> object:
-    """The JSON in ``path``, parsed by orjson: a large export's index and description list
-    every tensor. What orjson refuses is parsed again by Python's json (which also takes NaN),
-    so the files read, and the errors raised, are json's.
-
-    Raises:
-        OSError, UnicodeDecodeError, json.JSONDecodeError: as ``json.load`` would.
-    """
+    """The JSON in ``path``, parsed by orjson (a large export's index lists every tensor); what
+    orjson refuses is parsed again by json, raising what ``json.load`` raises."""
     with open(path, "rb") as handle:
         raw = handle.read()
     try:

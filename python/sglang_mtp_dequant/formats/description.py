@@ -6,13 +6,12 @@ Usage::
     described.type_of("mtp.fc.weight")                         # "W8A8_DYNAMIC"
     scheme_of(described.entries, "model.layers.0.mlp.down_proj")  # the ``.weight`` entry's type
     shard_schemes(described.entries, ["...in_proj_qkv", "...in_proj_z"])   # [ShardScheme, ...]
-    moe_layer_plan(described.entries)    # FusedMoE layers all FLOAT, part FLOAT, quantized
+    draft_layers(described.entries)("model.layers.92.mlp.experts.0.up_proj.weight")   # True
+    described_as(described.entries, "model.decoder.mlp.experts")   # "model.layers.92.mlp.experts"
+    moe_layer_plan(described.entries, is_draft)  # FusedMoE layers all FLOAT, part FLOAT, quantized
 
-Why one home: ``quant_model_description.json`` says, per checkpoint tensor, ``FLOAT`` or a
-quantized type (``W8A8_DYNAMIC``, ``W8A16``, ...), and a few flags (``version``, ``group_size``,
-``is_rot_used``, ``metadata``). The plan, the serving hooks (on sglang's parsed copy), the
-doctor, verify, the server harness and the benchmarks all ask it the same questions; each
-answer is written here once. No tensor is read; nothing of sglang is imported.
+Why one home: the plan, the serving hooks, the doctor, verify, the harness and the benchmarks
+ask the description the same questions; each answer is written here once (no sglang, no tensor).
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from operator import not_
 
 from ..errors import CheckpointFormatError
 from .config import load_json
+from .naming import NameRule, mtp_prefix
 
 DESCRIPTION_NAME = "quant_model_description.json"
 #: the description's type for a tensor stored as is
@@ -53,12 +53,8 @@ class Description:
 
 
 def read_description(folder: str) -> Description:
-    """The folder's ``quant_model_description*.json`` (the exact name first), parsed.
-
-    Raises:
-        CheckpointFormatError: the file is no JSON object of tensor types, or its
-            ``group_size`` is no non-negative integer.
-    """
+    """The folder's ``quant_model_description*.json`` (the exact name first), parsed; a file
+    that is no object of tensor types, or a bad ``group_size``: ``CheckpointFormatError``."""
     candidates = sorted(glob.glob(os.path.join(folder, "quant_model_description*.json")))
     if not candidates:
         return Description()
@@ -83,9 +79,6 @@ def read_description(folder: str) -> Description:
             hint=RESTORE_DESCRIPTION,
         )
     return Description(path, raw, flags, group_size, raw.get("version"))
-
-
-# -- one tensor, one fused layer -----------------------------------------------------------------
 
 
 def is_quantized(scheme: object) -> bool:
@@ -120,10 +113,8 @@ def shard_schemes(description: Mapping[str, object], prefixes: Iterable[str]) ->
 
 
 def quantized_leaves(description: Mapping[str, object], leaves: Collection[str]) -> set[str]:
-    """The names among ``leaves`` that end the prefix of at least one quantized weight entry.
-
-    One pass over the description's keys, one ``str.endswith`` each (the leaves' suffixes at
-    once); only a key that ends in one of them is looked at further."""
+    """The names among ``leaves`` that end the prefix of at least one quantized weight entry
+    (one ``str.endswith`` per description key)."""
     wanted = frozenset(leaves)
     suffixes = tuple(f".{leaf}{WEIGHT}" for leaf in wanted)
     found: set[str] = set()
@@ -138,7 +129,45 @@ def quantized_leaves(description: Mapping[str, object], leaves: Collection[str])
     return found
 
 
-# -- MoE layers: one precision per FusedMoE ------------------------------------------------------
+#: the module sglang's NextN draft classes build their layer as (off DeepSeek's NPU naming)
+NEXTN_MODULE = "model.decoder"
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def nextn_layer_of(description: Mapping[str, object]) -> str | None:
+    """``model.layers.<n>`` of the NextN draft layer of a description with no ``mtp`` name: the
+    highest layer it lists, the one after the target's last (``naming.nextn_layer``'s
+    ``num_hidden_layers``, which sglang's loader maps to ``model.decoder``); else None."""
+    highest = -1
+    for name in description:
+        if "mtp" in name:
+            return None
+        match = _LAYER.match(name)
+        if match:
+            highest = max(highest, int(match.group(1)))
+    return f"model.layers.{highest}" if highest >= 0 else None
+
+
+def draft_layers(description: Mapping[str, object]) -> NameRule:
+    """Which description entries (and sglang prefixes) are the draft's: every ``mtp`` name, else
+    the NextN layer's, under its checkpoint name or sglang's ``model.decoder`` (the draft class's
+    own rule, ``DraftSpec.draft_names``, says the same)."""
+    nextn = nextn_layer_of(description)
+    if nextn is None:
+        return mtp_prefix()
+    prefixes = (f"{nextn}.", f"{NEXTN_MODULE}.")
+    return lambda name: f"{name}.".startswith(prefixes)
+
+
+def described_as(description: Mapping[str, object], prefix: str) -> str:
+    """The description's prefix for a layer sglang builds as ``prefix``: a NextN draft's
+    ``model.decoder.X`` is ``model.layers.<n>.X``, as sglang's loader maps the checkpoint's
+    names (``deepseek_weight_loader``'s ``nextn_layer_prefix``); any other prefix is itself."""
+    if not f"{prefix}.".startswith(f"{NEXTN_MODULE}."):
+        return prefix
+    nextn = nextn_layer_of(description)
+    return prefix if nextn is None else nextn + prefix[len(NEXTN_MODULE) :]
+
 
 #: the expert projection names sglang's ``get_moe_scheme`` tries, in its order: (gate, up, down)
 NAMING_CONVENTIONS: tuple[tuple[str, str, str], ...] = (
@@ -222,6 +251,11 @@ class MoeLayerPlan:
         """Layers stock sglang stops at (any FLOAT expert entry reaches ``get_moe_scheme``)."""
         return (*self.built_unquantized, *(p.layer for p in self.refused))
 
+    def target_stops(self, is_draft: NameRule) -> tuple[str, ...]:
+        """The target's layers of ``stock_fails`` (``is_draft``: the draft's rule): stock sglang
+        stops there in every launch form, the target being built with ModelSlim in all four."""
+        return tuple(layer for layer in self.stock_fails if not is_draft(f"{layer}."))
+
 
 def moe_layers(description: Mapping[str, object]) -> list[tuple[str, int]]:
     """``(layer, experts)`` of every routed-expert layer the description lists per expert
@@ -239,11 +273,9 @@ def moe_layers(description: Mapping[str, object]) -> list[tuple[str, int]]:
 def moe_layer_plan(
     description: Mapping[str, object], layers: Iterable[tuple[str, int]] | None = None
 ) -> MoeLayerPlan:
-    """The FLOAT-layer hook's decision (``serving/float_layers.py``) for each
-    ``(prefix, num_experts)`` FusedMoE layer (default: every layer ``moe_layers`` finds), from
-    the description alone: what the plugin does when sglang builds a model with this
-    description under ``ModelSlimConfig``. Prefixes are the checkpoint's; sglang's aliases
-    (``language_model.``, ``block_sparse_moe``) are not applied here."""
+    """The FLOAT-layer hook's decision (``serving/float_layers.py``) for each ``(prefix,
+    num_experts)`` FusedMoE layer (default: every one ``moe_layers`` finds), from the description
+    alone, under the checkpoint's prefixes."""
     if layers is None:
         layers = moe_layers(description)
     unquantized: list[str] = []

@@ -8,12 +8,9 @@ Usage::
     fmt = tensor_format("mtp.fc.weight_packed", tensors, declared)
     fmt.name                                 # "compressed-tensors pack-quantized"
 
-Why: a compressed-tensors or ModelOpt export stores its codes beside companions a ModelSlim
-export never has (``weight_packed``, ``weight_global_scale``, ``weight_scale_2``, ...); read
-with ModelSlim's rules, an NVFP4 weight would read as "W8A8_DYNAMIC expects int8, found
-uint8". These exporters write ``quantization_config`` into config.json (msmodelslim's saver
-removes it), so that field plus the tensors beside a weight name the format (the layouts, on
-``tensor_format`` and in ``docs/layouts.md``).
+Why: a compressed-tensors or ModelOpt export keeps companions a ModelSlim export never has
+(``weight_packed``, ``weight_scale_2``, ...), and writes ``quantization_config`` into
+config.json (msmodelslim removes it): those name the format (layouts: ``docs/layouts.md``).
 """
 
 from __future__ import annotations
@@ -102,14 +99,9 @@ def foreign_base(name: str) -> str | None:
 def tensor_format(
     weight: str, dtypes: Mapping[str, torch.dtype | str], declared: DeclaredFormat | None
 ) -> TensorFormat | None:
-    """The foreign format of the weight stored as ``weight`` (``X.weight`` or
-    ``X.weight_packed``), judged from the dtypes of the tensors named ``X.*`` (``dtypes``:
-    name -> dtype of every recorded tensor) and what config.json declares. None when nothing
-    foreign is there: a ModelSlim export, or a float weight.
-
-    Each format's tensors (from its own writer, compressed-tensors 0.18.0 and ModelOpt 0.47.0):
-    docs/layouts.md, "Other quantizers' formats, per platform"; each branch below names one.
-    """
+    """The foreign format of the weight stored as ``weight``, from the dtypes of the tensors
+    named ``X.*`` (``dtypes``) and what config.json declares; None for a ModelSlim export or a
+    float weight (each branch names a layout of docs/layouts.md)."""
     base = weight.rpartition(".")[0]
     parts = {
         name.rpartition(".")[2]: dtype

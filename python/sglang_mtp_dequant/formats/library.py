@@ -7,15 +7,11 @@ Usage::
     decoder.consumed           # the companion names it reads (dropped from sglang's stream)
     w = decoder.decompress(stored, torch.bfloat16)
 
-Why a library and not arithmetic of our own: compressed-tensors 0.18.0 is a dependency of
-sglang itself (its CUDA wheel and its NPU install pin it), and it ships model-free decoders for
-the formats it writes (``CompressedTensorsDequantizer``: pack-quantized, int-quantized,
-float-quantized, nvfp4-pack-quantized) and a converter from ModelOpt's NVFP4 layout to its own
-(``ModelOptNvfp4Converter``: ``weight`` -> ``weight_packed``, ``1 / weight_scale_2`` ->
-``weight_global_scale``). Their scheme matching (config groups, targets, ignore), companion
-names and arithmetic are the library's; this module only gathers one weight's tensors, checks
-they are all there, and hands them over. compressed-tensors is imported lazily, on the first
-such weight: a ModelSlim checkpoint never imports it.
+Why a library: compressed-tensors 0.18.0 is sglang's own dependency and ships model-free
+decoders for its formats (``CompressedTensorsDequantizer``) and a converter from ModelOpt's NVFP4
+(``ModelOptNvfp4Converter``); matching, names and arithmetic are the library's. This module
+gathers one weight's tensors, checks they are there, and hands them over; it imports
+compressed-tensors lazily, so a ModelSlim checkpoint never does.
 """
 
 from __future__ import annotations
@@ -30,6 +26,7 @@ import torch
 
 from ..errors import DraftWeightError
 from .checkpoint import Checkpoint, TensorInfo
+from .schemes.base import refused
 
 #: the foreign format names (``foreign.py``) this module decodes, and how
 MODELOPT_NVFP4 = "ModelOpt NVFP4"
@@ -95,12 +92,8 @@ def library_decoder(
     info: TensorInfo, companions: Mapping[str, TensorInfo], checkpoint: Checkpoint, fmt_name: str
 ) -> LibraryDecoder:
     """The decoder of the weight ``info`` stored in ``fmt_name`` (one of ``DECODED_FORMATS``),
-    its companions read now (a few small tensors).
-
-    Raises:
-        DraftWeightError: a companion the format needs is not in the checkpoint, or the
-            checkpoint's quantization_config does not cover the weight.
-    """
+    its companions read now. Raises ``DraftWeightError``: a companion is missing, or the
+    quantization_config does not cover the weight."""
     base = info.name.rpartition(".")[0]
     stored = (
         f"is stored as {fmt_name} ({info.dtype_name}, with "
@@ -108,14 +101,13 @@ def library_decoder(
     )
     method = checkpoint.declared.method if checkpoint.declared is not None else None
     if fmt_name != MODELOPT_NVFP4 and method not in ("compressed-tensors", "compressed_tensors"):
-        raise DraftWeightError(
-            tensor=info.name,
-            file=info.file,
-            problem=(
+        raise refused(
+            info,
+            (
                 f"{stored}, but config.json has no compressed-tensors quantization_config "
                 "saying how it was quantized, so nothing can decode it"
             ),
-            hint="restore the quantization_config the exporter wrote into config.json, or "
+            "restore the quantization_config the exporter wrote into config.json, or "
             "export the MTP layers unquantized",
         )
     if fmt_name == MODELOPT_NVFP4:
@@ -125,33 +117,30 @@ def library_decoder(
         try:
             dequantizer = _dequantizer(checkpoint.folder, torch.float32)
         except (ImportError, ValueError) as exc:  # no library, or a config it cannot read
-            raise DraftWeightError(
-                tensor=info.name,
-                file=info.file,
-                problem=f"{stored}, which compressed-tensors cannot read here "
+            raise refused(
+                info,
+                f"{stored}, which compressed-tensors cannot read here "
                 f"({type(exc).__name__}: {exc})",
-                hint="install sglang's pinned compressed-tensors, or fix config.json's "
+                "install sglang's pinned compressed-tensors, or fix config.json's "
                 "quantization_config",
             ) from exc
         needed = sorted(dequantizer.get_dependencies(info.name))
         if not needed:
-            raise DraftWeightError(
-                tensor=info.name,
-                file=info.file,
-                problem=(
+            raise refused(
+                info,
+                (
                     f"{stored}, but config.json's quantization_config does not quantize it "
                     "(no config group targets it, or it is in ignore)"
                 ),
-                hint="fix the checkpoint's quantization_config, or export the layer unquantized",
+                "fix the checkpoint's quantization_config, or export the layer unquantized",
             )
         optional = []
     missing = [n for n in needed if n not in checkpoint.tensors]
     if missing:
-        raise DraftWeightError(
-            tensor=info.name,
-            file=info.file,
-            problem=f"{stored}, but the checkpoint has no {', '.join(missing)}",
-            hint="the checkpoint is incomplete: download or export it again",
+        raise refused(
+            info,
+            f"{stored}, but the checkpoint has no {', '.join(missing)}",
+            "the checkpoint is incomplete: download or export it again",
         )
     wanted = [checkpoint.tensors[n] for n in (*needed, *optional) if n in checkpoint.tensors]
     values = checkpoint.read_many(wanted)

@@ -6,9 +6,8 @@ Usage::
     split_companion("mtp.fc.weight_scale")          # ("mtp.fc", "weight_scale")
     expert_id("mtp.layers.0.mlp.experts.7.up_proj.weight")    # 7
 
-Why one module: the plan (what to decode), the guard and verify (which checkpoint tensors
-belong together) all depend on the same naming facts; kept apart, they drift. How sglang names
-its parameters is sglang's knowledge: ``serving/parameter_names.py``.
+Why one module: the plan, the guard and verify depend on the same naming facts; kept apart,
+they drift. sglang's parameter names are ``serving/parameter_names.py``'s.
 """
 
 from __future__ import annotations
@@ -16,9 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-# Tensors that travel beside a quantized ``X.weight`` as ``X.<suffix>``. They belong to the
-# quantized GEMM (or are the scales of float8 codes); once the weight is dequantized they have
-# nothing to load into, so they are consumed.
+#: tensors beside a quantized ``X.weight`` as ``X.<suffix>``: consumed once it is dequantized
 COMPANION_SUFFIXES = (
     "weight_scale",
     "weight_offset",
@@ -49,31 +46,16 @@ QUAROT_TENSOR = "rot.weight"
 NameRule = Callable[[str], bool]
 
 
-# -- which names are the draft's ---------------------------------------------------------------
-
-
 def mtp_prefix(_config: object = None) -> NameRule:
-    """Qwen3.5/3.6/Qwen3-Next/Qwen3-MoE style: the draft is every name containing ``mtp``.
-
-    The rule is the draft's own: its ``load_weights`` processes every name containing ``mtp``
-    (``mtp.*`` on every released checkpoint), so the plugin watches the same names.
-    """
+    """Qwen3.5/3.6/Qwen3-Next/Qwen3-MoE: every name containing ``mtp``, as the draft's own
+    ``load_weights`` takes them."""
     return lambda name: "mtp" in name
 
 
 def nextn_layer(config: object) -> NameRule:
-    """DeepSeek-V3 / GLM-4.5+ NextN: the draft is the layer after the last decoder layer.
-
-    sglang's loaders (``deepseek_weight_loader.py``, ``glm4_moe.py``, ``glm4_moe_lite.py``)
-    take ``model.layers.<id>`` with ``id = 0 if num_hidden_layers == 1 else
-    num_hidden_layers``, where ``num_hidden_layers`` is the target's (only the draft's
-    architecture name is rewritten). ModelSlim keeps those names unchanged. sglang matches the
-    prefix without a trailing dot; with at most ``num_hidden_layers + 1`` layers no other
-    layer name can share it, so the dotted prefix here selects the same tensors.
-
-    ``config`` is a ``CheckpointConfig`` (the CLI) or a built draft (``model.config``); one
-    without ``num_hidden_layers`` selects nothing.
-    """
+    """DeepSeek-V3 / GLM-4.5+ NextN: the layer after the target's last, ``model.layers.<id>``
+    with ``id = 0 if num_hidden_layers == 1 else num_hidden_layers``, as sglang's loaders take
+    it. ``config``: a ``CheckpointConfig`` or a built draft; without the field, nothing."""
     layers = decoder_layers(config)
     if layers is None:
         return lambda name: False
@@ -82,12 +64,8 @@ def nextn_layer(config: object) -> NameRule:
 
 
 def nextn_layer_multimodal(config: object) -> NameRule:
-    """GLM-5-Next NextN: the layer after the last decoder layer, under either naming.
-
-    ``Glm5NextForConditionalGenerationNextN.load_weights`` keeps ``model.layers.<n>.`` and
-    ``model.language_model.layers.<n>.`` with ``n`` the text config's ``num_hidden_layers``
-    (no single-layer special case, unlike ``nextn_layer``), and drops every other name.
-    """
+    """GLM-5-Next NextN: ``model.layers.<n>.`` and ``model.language_model.layers.<n>.``, ``n``
+    the text config's ``num_hidden_layers``, as its ``load_weights`` keeps them."""
     layers = decoder_layers(config)
     if layers is None:
         return lambda name: False
@@ -116,9 +94,6 @@ def config_value(config: object, key: str) -> Any:
     return found
 
 
-# -- what travels beside a weight ----------------------------------------------------------------
-
-
 def attention_quant_kind(name: str) -> str | None:
     """``"FA3"`` or ``"C8"`` for a quantized-attention / KV-cache tensor (``ATTENTION_QUANT``),
     else None; only under a ``self_attn`` block."""
@@ -137,9 +112,8 @@ def split_companion(name: str) -> tuple[str, str] | None:
 
 
 def is_bare_proj(name: str) -> bool:
-    """A weight stored without ``.weight``: Qwen3.5/3.6 fused experts ``experts.gate_up_proj``
-    [E, 2I, H] and ``experts.down_proj`` [E, H, I] (any ``*_proj`` last component; which of
-    them hold all experts in one tensor is ``is_fused_experts``)."""
+    """A weight stored without ``.weight`` (any ``*_proj`` last component): Qwen3.5/3.6's fused
+    ``experts.gate_up_proj`` [E, 2I, H] and ``experts.down_proj`` [E, H, I]."""
     return name.rpartition(".")[2].endswith("_proj")
 
 

@@ -7,11 +7,9 @@ Usage::
     plan.raise_first_error()            # the hook does this; `doctor` lists instead
     plan.entries["mtp.layers.0.mlp.up_proj.weight"].decoder.decompress(q, torch.bfloat16)
 
-The plan is built from headers and the small companion tensors only, before sglang hands a
-single weight to the draft's loaders, so a bad checkpoint stops the load before a parameter is
-written and the doctor can show the same verdicts without building a model. Weight and scale
-may sit in different shards in any order: the plan knows both locations up front. The
-companions of every weight are read in one pass per file, so building a plan costs O(tensors).
+Built from headers and the small companion tensors before sglang hands a weight to the
+draft's loaders, so a bad checkpoint stops the load before a parameter is written, and the
+doctor shows the same verdicts. Companions are read in one pass per file: O(tensors).
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ from . import foreign, library, naming
 from .checkpoint import Checkpoint, TensorInfo
 from .library import LibraryDecoder
 from .schemes import AffineDecoder, Scheme, infer_type, known_types, scheme_for
+from .schemes.base import refused
 
 #: dequantize: codes the plugin decodes; keep: a float tensor; pass: no weight, handed to
 #: sglang as it is (FA3 / C8 attention-quantization tensors, ``naming.ATTENTION_QUANT``);
@@ -99,8 +98,6 @@ class DequantPlan:
         first = errors[0].error
         assert first is not None
         raise first.also_refused([e.info.name for e in errors[1:]])
-
-    # -- the decisions ----------------------------------------------------------------------
 
     def _classify(self, info: TensorInfo) -> tuple[PlannedTensor, Scheme | None]:
         """keep (float), error (codes nothing here decodes), or a scheme whose companions are
@@ -203,15 +200,14 @@ class DequantPlan:
         method = self.checkpoint.declared.method if self.checkpoint.declared else None
         served = f" ({'--speculative-draft-model-quantization ' + method})" if method else ""
         entry = PlannedTensor(info, described, "error", "", companions=companions, format=fmt.name)
-        error = DraftWeightError(
-            tensor=info.name,
-            file=info.file,
-            problem=(
+        error = refused(
+            info,
+            (
                 f"is stored as {fmt.name} ({info.dtype_name}, with "
                 f"{', '.join(sorted(companions)) or 'no companion'}), not a ModelSlim export: "
                 "this plugin decodes ModelSlim schemes only"
             ),
-            hint=(
+            (
                 f"serve the draft quantized with sglang's own support for it{served}, or export "
                 "the MTP layers unquantized"
             ),
@@ -249,10 +245,8 @@ _ATTENTION_QUANT_WHY = {
 
 
 def _is_foreign_companion(name: str, names: Mapping[str, object]) -> bool:
-    """``X.weight_shape``, ``X.weight_zero_point``, ... : listed with ``X.weight_packed`` or
-    ``X.weight``, never as tensors of their own; without that weight they are passed to sglang
-    (whose loader skips them), and the guard names the parameter the missing weight leaves
-    unwritten."""
+    """``X.weight_shape``, ``X.weight_zero_point``, ...: listed with their weight; without it
+    passed to sglang (the guard names the parameter left unwritten)."""
     base = foreign.foreign_base(name)
     return base is not None and not name.endswith(".weight_packed")
 

@@ -8,10 +8,8 @@ Usage::
     context.resolution_of("/ckpt")                  # the newest such resolution of a path
     context.draft_launch()                          # the draft's path, revision, --download-dir
 
-Why one module: the hooks (``plugin.py``, ``load.py``), the Ray set-up (``ray_setup.py``) and
-the CLI all need these facts, and one copy of them keeps them agreeing. It imports only
-``formats/``, so any ``serving/`` module can import it. What sglang resolves inside a hooked
-draft load is that load's, kept by it (``load.py``), not here.
+Why one module: the hooks, the Ray set-up and the CLI all need these facts, and one copy keeps
+them agreeing. It imports only ``formats/``. A hooked draft load keeps its own (``load.py``).
 """
 
 from __future__ import annotations
@@ -25,9 +23,8 @@ from . import releases
 
 #: hook targets registered in this process (``plugin.register()`` may run more than once)
 _registered: set[str] = set()
-#: requested path -> the newest resolution sglang made of it outside any hooked draft load
-#: (the target's, sglang's start-up prefetch): what a draft load that resolves nothing itself
-#: streams
+#: requested path -> sglang's newest resolution of it outside a hooked draft load (what a
+#: draft load that resolves nothing itself streams)
 _resolved_outside: dict[str, WeightSource] = {}
 _lock = threading.Lock()
 
@@ -92,13 +89,8 @@ def resolution_of(path: str) -> WeightSource | None:
 
 
 def draft_launch() -> DraftLaunch | None:
-    """The draft's checkpoint as sglang's draft worker loads it, or None outside sglang.
-
-    The draft worker builds its ``ModelConfig`` from the resolved
-    ``speculative_draft_model_path`` / ``speculative_draft_model_revision`` (sglang fills them
-    from ``--model-path`` / ``--revision`` for an MTP draft), and its ``LoadConfig`` from
-    ``--download-dir`` and ``--speculative-draft-load-format`` (else ``--load-format``).
-    """
+    """The draft's checkpoint as sglang's draft worker loads it (its resolved draft path and
+    revision, ``--download-dir``, the draft's load format), or None outside sglang."""
     try:
         from .sglang_private import draft_server_args
 

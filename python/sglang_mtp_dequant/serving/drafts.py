@@ -7,16 +7,10 @@ Usage::
         is_draft = spec.draft_names(model)       # name -> bool, for this built model
     spec = spec_for_architecture("Qwen3_5ForConditionalGeneration")
 
-Every draft that sglang can build unquantized from a quantized checkpoint gets one entry.
-The name rule (``naming.py``) is per architecture because checkpoints differ: Qwen3.5/3.6,
-Qwen3-Next and Qwen3-MoE keep the MTP head under ``mtp.``; DeepSeek/GLM NextN checkpoints store
-it as the layer after the last decoder layer, ``model.layers.<num_hidden_layers>.``.
-
-One entry per ``load_weights`` that actually runs, never one per class: sglang's
-``HookRegistry`` wraps whatever ``getattr(cls, "load_weights")`` returns and sets it on the
-named class, so hooking a subclass that only inherits the method (Qwen4-Exp's MTP inherits
-Qwen3.5's) would wrap the already-wrapped parent and run the hook twice. Such subclasses are
-listed in ``inherited_by`` instead: they reach the parent's hook through the MRO.
+The name rule (``naming.py``) is per class: Qwen's MTP heads live under ``mtp.``, DeepSeek/GLM
+NextN layers as ``model.layers.<num_hidden_layers>.``. One entry per ``load_weights`` that runs,
+never per class: hooking a subclass that only inherits the method would wrap the wrapped parent
+and run the hook twice, so such subclasses are ``inherited_by`` (they reach it through the MRO).
 """
 
 from __future__ import annotations
@@ -29,12 +23,9 @@ import torch
 from ..formats.config import CheckpointConfig
 from ..formats.naming import NameRule, mtp_prefix, nextn_layer, nextn_layer_multimodal
 
-#: what a name rule reads the draft's layout from: a built draft model (its ``model.config``),
-#: the checkpoint's ``config.json`` (the CLI, the Ray launch check), or nothing (where the
-#: config is unreadable; a NextN rule then selects no name)
+#: what a name rule reads the draft's layout from: a built draft, config.json, or nothing
 DraftSource = torch.nn.Module | CheckpointConfig | None
-#: builds the name predicate of one draft from its model or config (``naming.mtp_prefix``,
-#: ``naming.nextn_layer``, ...)
+#: builds one draft's name predicate (``naming.mtp_prefix``, ``naming.nextn_layer``, ...)
 NameRuleFactory = Callable[[DraftSource], NameRule]
 
 
@@ -50,12 +41,9 @@ class DraftSpec:
     name_rule: NameRuleFactory
     #: dotted paths of draft classes that inherit this ``load_weights`` (hooked through it)
     inherited_by: tuple[str, ...] = ()
-    #: parameter name tokens the draft takes from the target after loading, so its own load
-    #: need not write them: sglang's EAGLE workers call ``set_embed_and_head`` (and
-    #: ``set_lm_head_from_target``) right after the draft loads, for every class here
+    #: parameter tokens the draft takes from the target after loading (``set_embed_and_head``)
     from_target: tuple[str, ...] = ("embed_tokens", "lm_head")
-    #: checkpoint names the class's ``load_weights`` reads besides those of its name rule
-    #: (read per class in sglang 0.5.23); the draft's stream must carry them too
+    #: checkpoint names its ``load_weights`` reads besides its name rule's (sglang 0.5.23)
     loads_besides: tuple[str, ...] = ()
 
     @property
@@ -72,10 +60,8 @@ class DraftSpec:
         return self.name_rule(model_or_config)
 
     def kept_names(self, model_or_config: DraftSource) -> NameRule:
-        """Every checkpoint name the class's ``load_weights`` keeps: its name rule's (the
-        draft layer, with ``shared_head``, ``eh_proj``, ``enorm``/``hnorm`` and the in-layer
-        ``embed_tokens`` of a NextN layer) and ``loads_besides``. What the narrowed stream
-        must carry (``narrowing.py``)."""
+        """Every checkpoint name the class's ``load_weights`` keeps (its name rule's and
+        ``loads_besides``): what the narrowed stream must carry."""
         rule, besides = self.name_rule(model_or_config), frozenset(self.loads_besides)
         return lambda name: rule(name) or name in besides
 
@@ -158,11 +144,8 @@ def spec_for_class(cls: type) -> DraftSpec | None:
 
 
 def draft_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype the draft's float parameters were built in (what its loaders expect).
-
-    The most common floating dtype among the parameters: a few fp32 buffers (norm statistics,
-    router gates) must not turn a bf16 draft's weights into fp32.
-    """
+    """The dtype the draft's float parameters were built in: the most common floating dtype
+    (a few fp32 buffers must not turn a bf16 draft's weights into fp32)."""
     counts: dict[torch.dtype, int] = {}
     for param in model.parameters():
         if param.is_floating_point():

@@ -2,31 +2,25 @@
 
 Usage (``plugin.register`` arranges the hook in every sglang process)::
 
-    FLOAT_LAYER_HOOKS           # one AROUND hook on ModelSlimConfig
-    # the same decision from a description alone: formats/description.py moe_layer_plan
+    FLOAT_LAYER_HOOKS                # one AROUND hook on ModelSlimConfig.get_quant_method
+    builds_as_the_plugin(config)     # the CLI's and benchmarks' build: the hook's own answers
 
-Why: a model built under ``ModelSlimConfig`` (the target; the draft too under
-``--quantization modelslim`` or ``--speculative-draft-model-quantization modelslim``) asks
-``get_quant_method`` for each ``FusedMoE`` layer, and ``get_moe_scheme`` has no ``FLOAT``
-scheme: experts marked FLOAT (the MTP experts of published Qwen3.6-35B-A3B exports) stop the
-start-up (``Unsupported ModelSlim MoE schemes ... W13='FLOAT', W2='FLOAT'``, sglang #34211).
-As vllm-ascend decides per layer (a FusedMoE whose expert shards are FLOAT gets the unquantized
-MoE method, mixed shards raise) and as sglang #34353's reviewers asked (only experts ALL
-explicitly FLOAT fall back; missing or unsupported schemes still raise), the hook answers None
-for such a layer, so ``FusedMoE`` builds sglang's own ``UnquantizedFusedMoEMethod`` and the
-float tensors load as stored. Experts part FLOAT, part quantized: no single method builds them
-right, so ``MixedPrecisionLayerError`` names the layer and the launch that serves it. Any other
-layer gets sglang's answer untouched, without a log line.
+Why: ``get_moe_scheme`` has no FLOAT scheme, so experts marked FLOAT (Qwen3.6-35B-A3B's MTP
+experts, a GLM-5 NextN layer the shipped recipe excludes) stop a ModelSlim build (sglang #34211).
+As vllm-ascend decides per layer, such a layer gets None (sglang's ``UnquantizedFusedMoEMethod``,
+the floats loaded as stored); experts part FLOAT are refused naming the layer and the launch that
+serves it. A NextN layer built as ``model.decoder`` is looked up under its checkpoint name.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import MixedPrecisionLayerError
-from ..formats.description import ExpertPrecision, expert_entries
+from ..formats.description import ExpertPrecision, described_as, draft_layers, expert_entries
 from . import context, sglang_private
 
 logger = logging.getLogger("sglang_mtp_dequant")
@@ -36,11 +30,10 @@ MODELSLIM_CLASS = "ModelSlimConfig"
 GET_QUANT_METHOD_TARGET = (
     f"sglang.srt.layers.quantization.modelslim.modelslim.{MODELSLIM_CLASS}.get_quant_method"
 )
-#: the launch that builds an MTP draft unquantized (the plugin then dequantizes its codes)
+#: the launches that build an MTP / NextN draft unquantized (the plugin then dequantizes it)
 DRAFT_WAY_OUT = (
-    "launch with --speculative-draft-model-quantization unquant (or without --quantization, "
-    "ModelSlim auto-detected for the target): sglang then builds the draft unquantized and "
-    "the plugin dequantizes its quantized experts at load"
+    "launch F1 (no quantization flag) or F3 (--speculative-draft-model-quantization unquant): "
+    "sglang then builds the draft unquantized and the plugin dequantizes its quantized layers"
 )
 TARGET_WAY_OUT = (
     "no launch of this sglang builds this layer right: re-export the checkpoint with "
@@ -50,29 +43,20 @@ TARGET_WAY_OUT = (
 
 
 def expert_precision(quant_config: Any, layer: str, num_experts: int) -> ExpertPrecision:
-    """What ``quant_config``'s description says of ``layer``'s experts."""
-    entries = expert_entries(
+    """What ``quant_config``'s description says of the experts of the layer sglang builds as
+    ``layer``, under the name the description gives it."""
+    description, named = (
         quant_config.quant_description,
-        layer,
-        num_experts,
-        lambda prefix: sglang_private.resolve_quant_prefix(quant_config, prefix),
+        described_as(quant_config.quant_description, layer),
     )
-    return ExpertPrecision(layer, entries)
+
+    def resolve(prefix: str) -> str:
+        return sglang_private.resolve_quant_prefix(quant_config, prefix)
+
+    return ExpertPrecision(named, expert_entries(description, named, num_experts, resolve))
 
 
-def is_draft_layer(layer: str) -> bool:
-    """A layer of a Qwen-family MTP draft (built under ``mtp.``); NextN drafts are named like
-    target layers, so their refusal names both ways out."""
-    return layer.startswith("mtp.")
-
-
-def refusal(precision: ExpertPrecision) -> MixedPrecisionLayerError:
-    draft = is_draft_layer(precision.layer)
-    hint = (
-        DRAFT_WAY_OUT
-        if draft
-        else f"if this is a draft layer, {DRAFT_WAY_OUT}; if it is the target's, {TARGET_WAY_OUT}"
-    )
+def refusal(precision: ExpertPrecision, is_draft: bool) -> MixedPrecisionLayerError:
     return MixedPrecisionLayerError(
         layer=precision.layer,
         problem=(
@@ -80,7 +64,7 @@ def refusal(precision: ExpertPrecision) -> MixedPrecisionLayerError:
             "FLOAT and others quantized; sglang's ModelSlim builds one method for all the "
             "experts of a layer, so either the float or the quantized experts would load wrong"
         ),
-        hint=hint,
+        hint=DRAFT_WAY_OUT if is_draft else TARGET_WAY_OUT,
         details=[precision.summary()],
     )
 
@@ -89,37 +73,47 @@ def refusal(precision: ExpertPrecision) -> MixedPrecisionLayerError:
 _SAID: set[str] = set()
 
 
-def float_moe_quant_method(
-    original: Callable[..., Any],
-    quant_config: Any,
-    layer: Any,
-    prefix: str,
-    *args: Any,
-    **kwargs: Any,
+def quant_method(
+    original: Callable[..., Any], quant_config: Any, layer: Any, prefix: str, *args: Any, **kw: Any
 ) -> Any:
-    """AROUND ``ModelSlimConfig.get_quant_method``: None (sglang's unquantized MoE method) for a
-    FusedMoE layer whose experts are all FLOAT, ``MixedPrecisionLayerError`` for one part FLOAT,
-    sglang's own answer for every other layer, and inside ``plugin.bypassed()`` (the CLI's
-    builds as stock sglang builds)."""
-    num_experts = None if context.is_bypassed() else _fused_moe_experts(layer)
+    """The hook's answer for one layer: None (sglang's unquantized MoE method) for a FusedMoE
+    whose experts are all FLOAT, ``MixedPrecisionLayerError`` for one part FLOAT, sglang's own
+    answer for every other layer."""
+    num_experts = _fused_moe_experts(layer)
     if num_experts is None:
-        return original(quant_config, layer, prefix, *args, **kwargs)
+        return original(quant_config, layer, prefix, *args, **kw)
     precision = expert_precision(quant_config, prefix, num_experts)
     if precision.mixed:
-        raise refusal(precision)
+        raise refusal(precision, draft_layers(quant_config.quant_description)(prefix))
     if not precision.all_float:
-        return original(quant_config, layer, prefix, *args, **kwargs)
+        return original(quant_config, layer, prefix, *args, **kw)
     if prefix not in _SAID:
         _SAID.add(prefix)
         logger.info(
             "sglang-mtp-dequant: quant_model_description.json marks every expert of %s FLOAT "
             "(%d projections); built with sglang's unquantized MoE method and loaded as stored "
             "(sglang %s's ModelSlim has no FLOAT MoE scheme)",
-            prefix,
+            precision.layer,
             len(precision.schemes),
             context.sglang_version(),
         )
     return None
+
+
+def float_moe_quant_method(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``ModelSlimConfig.get_quant_method``: ``quant_method``, except inside
+    ``plugin.bypassed()`` (the CLI's builds as stock sglang builds), where sglang answers."""
+    if context.is_bypassed():
+        return original(*args, **kwargs)
+    return quant_method(original, *args, **kwargs)
+
+
+def builds_as_the_plugin(quant_config: Any) -> None:
+    """``quant_config`` answering every layer as the hook does, whether or not the plugin is
+    registered in this process: the ``adjust_quant_config`` of the CLI's and the benchmarks'
+    build of a draft as the plugin builds it (``cpu_sglang.build_draft``)."""
+    original = sglang_private.unwrapped(type(quant_config).get_quant_method)
+    quant_config.get_quant_method = functools.partial(quant_method, original, quant_config)
 
 
 def _fused_moe_experts(layer: Any) -> int | None:

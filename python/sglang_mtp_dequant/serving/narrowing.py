@@ -8,11 +8,9 @@ Usage::
     choice.kept, choice.summary()           # "streamed 1 of 5 weight files, skipped 4 ..."
     walk = count_walk(choice, keeps)        # tensors and files, stock and with the plugin
 
-Why: sglang streams the draft every tensor of every shard of the target's checkpoint, and its
-``load_weights`` drops all names but its own; the cost is per tensor walked, hundreds of
-thousands in a ModelSlim MoE export. The checkpoint's index says which file holds each name,
-so the files holding no name the draft class keeps can be left out of sglang's file list. The
-rules that keep a load at least what stock sglang streams of the draft, on ``choose_files``.
+Why: sglang streams the draft every tensor of the target's checkpoint (hundreds of thousands
+in a ModelSlim MoE export) and its ``load_weights`` drops all but its own; the index says which
+file holds each name, so files with none the draft keeps are left out (rules: ``choose_files``).
 """
 
 from __future__ import annotations
@@ -97,22 +95,9 @@ def choose_files(
 ) -> FileChoice:
     """The files of ``files`` a draft whose ``load_weights`` keeps ``keeps`` needs.
 
-    A file is kept when an index of ``folder`` (``model.safetensors.index.json``, ModelSlim's
-    V1 or V0 index) maps a kept name to it; ``indexes`` are the folder's index files already
-    parsed (``read_indexes``). Rules, each keeping the load at least what stock sglang streams:
-
-    - a file no index lists (``maybe_add_mtp_safetensors``'s out-of-index ``mtp.safetensors``, a
-      stray shard) is kept: nothing says what it holds;
-    - no index, or an index that cannot be read: nothing is narrowed;
-    - the narrowing is active only inside a hooked draft ``load_weights`` (a context variable, so
-      sglang's target load and anything resolved on another thread are untouched), and
-      ``SGLANG_MTP_DEQUANT_NARROW=off`` switches it off;
-    - an index that is wrong (a draft tensor in a file it attributes elsewhere) is what the
-      completeness guard catches: a parameter left unwritten stops the load, and its message names
-      the files skipped (``detail``).
-
-    Files are compared by their path under the folder, as sglang joins them: in a Hugging Face
-    snapshot they are symlinks into ``../../blobs/``, whose own names say nothing.
+    Kept: a file an index of ``folder`` maps a kept name to, or that no index lists; no
+    readable index: nothing is narrowed. A wrong index leaves a parameter unwritten, which the
+    guard refuses naming the files skipped. Files are compared by their path under the folder.
     """
     resolved = tuple(files)
     if not narrowing_enabled():
@@ -150,9 +135,6 @@ def read_indexes(folder: str) -> dict[str, object]:
 def _under(path: str, folder: str) -> str:
     """``path`` as named under ``folder`` (lexically: a snapshot's symlinks stay themselves)."""
     return os.path.normpath(os.path.relpath(path, folder))
-
-
-# -- what a load walks ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

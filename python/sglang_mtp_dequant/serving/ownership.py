@@ -6,13 +6,10 @@ Usage::
     owned.keeps("mtp.layers.0.mlp.experts.17.up_proj.weight")      # False on the other EP rank
     owned.kept_experts("mtp.layers.0.mlp.experts.gate_up_proj", 256)  # [0, ..., 127]
 
-Why: under expert parallelism sglang streams every expert to every rank, and each rank's
-``FusedMoE.weight_loader`` drops the experts stored on other ranks. Decoding those would make
-per-rank work O(layer) instead of O(layer / EP). The answer comes from the built layer's own
-mapping (FusedMoE's global-to-local expert map, what its weight loader calls; sglang_private),
-never from a re-derivation of sglang's placement, and falls back to "keep" whenever the layer
-uses a placement this module does not model (expert-location metadata, global-expert
-parameters): a kept expert costs time, a dropped one would cost correctness.
+Why: under expert parallelism every expert streams to every rank and each rank's
+``FusedMoE.weight_loader`` drops the others'; decoding those would cost O(layer) per rank. The
+answer is the built layer's own mapping, and "keep" wherever the layer places experts otherwise
+(a kept expert costs time, a dropped one correctness).
 """
 
 from __future__ import annotations

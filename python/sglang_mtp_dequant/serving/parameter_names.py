@@ -6,9 +6,8 @@ Usage::
     NameIndex(checkpoint_names).sources_of("model.layers.0.qkv_proj.weight")
     # -> ["mtp.layers.0.self_attn.q_proj.weight", "...k_proj.weight", "...v_proj.weight"]
 
-Why in serving/: parameter names (FusedMoE's ``w13_weight``, the stacked ``qkv_proj``) are
-sglang's, read in its 0.5.23 loaders; ``formats/`` knows checkpoints only. The guard (which
-checkpoint tensors fed a suspect parameter) and ownership (which rank holds a tensor) use them.
+Why in serving/: parameter names (``w13_weight``, the stacked ``qkv_proj``) are sglang's;
+``formats/`` knows checkpoints only.
 """
 
 from __future__ import annotations
@@ -21,9 +20,8 @@ NEUTRAL_TOKENS = frozenset({"model", "mtp", "language_model", "self_attn"})
 EXPERT_PARTS = {"w13_weight": ("gate_proj", "up_proj"), "w2_weight": ("down_proj",)}
 #: the same, when the checkpoint stores all experts fused in one tensor (no ``.weight``)
 FUSED_EXPERTS = {"w13_weight": "gate_up_proj", "w2_weight": "down_proj"}
-#: stacked parameters and their checkpoint parts, where a class declares none; the MLA drafts
-#: (DeepSeek, GLM-4.7-Flash, GLM-5-Next) concatenate q_a and kv_a in their loaders
-#: (``deepseek_weight_loader.py``) whether or not the class lists it
+#: stacked parameters and their checkpoint parts where a class declares none (the MLA drafts
+#: concatenate q_a and kv_a in their loaders whether or not the class lists it)
 DEFAULT_PACKED = {
     "qkv_proj": ["q_proj", "k_proj", "v_proj"],
     "gate_up_proj": ["gate_proj", "up_proj"],
@@ -37,12 +35,8 @@ def tokens(name: str) -> tuple[str, ...]:
 
 
 class NameIndex:
-    """Maps sglang parameter names back to the checkpoint names that stream into them.
-
-    Derived from names only (sglang's loaders rename ``mtp.X`` to ``model.X``, drop
-    ``self_attn`` and stack q/k/v and gate/up through the class's ``packed_modules_mapping``),
-    so it works for any draft class without hooking its loaders.
-    """
+    """Maps sglang parameter names back to the checkpoint names that stream into them, from
+    names only (as sglang's loaders rename, drop ``self_attn`` and stack q/k/v and gate/up)."""
 
     def __init__(self, names: Iterable[str], packed: Mapping[str, list[str]] | None = None) -> None:
         self.packed = dict(packed or DEFAULT_PACKED)

@@ -9,17 +9,11 @@ Usage::
     # or a hook of its own that calls setup(): accepted when the job's workers report the
     # plugin's hook applied (workers_without_plugin), whatever the hook is called
 
-Why: sglang's Ray ``SchedulerActor`` builds the draft but never calls ``load_plugins()``, and
-the only public way to run code in every worker of a job is the job-level
-``worker_process_setup_hook``. ``setup()`` is that hook (it raises when the plugin's hook is
-still missing, so the launch fails with the reason); ``guard_ray_launch``, in the driver,
-initializes Ray with it, or asks a worker of an already-initialized job on each node whether
-the hook is applied there and refuses the launch when one says no. The whole story, with the
-measured cost of resolving the guard's target: docs/deployment.md, "Ray".
-
-Cost: when Ray is installed, resolving the guard's target imports ``ray`` and
-``sglang.srt.ray.engine`` in every process that loads plugins; each Ray worker of a job with
-the hook imports sglang's draft module once when it starts.
+Why: sglang's Ray ``SchedulerActor`` builds the draft but never calls ``load_plugins()``; the
+only public way to run code in every worker of a job is its ``worker_process_setup_hook``.
+``setup()`` is that hook; ``guard_ray_launch``, in the driver, initializes Ray with it, or asks a
+worker per node of an already-initialized job and refuses the launch when one lacks the hook
+(docs/deployment.md, "Ray").
 """
 
 from __future__ import annotations
@@ -51,8 +45,7 @@ _RAY_HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 #: set by `ray job submit` for the entrypoint driver: the job's config, runtime env included
 _RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
-#: how long the launch check waits for one Ray worker per node to report (its start imports
-#: sglang's draft modules once): a hang guard, not a speed limit
+#: how long the launch check waits for a Ray worker per node to report: a hang guard
 PROBE_TIMEOUT_S = 300.0
 
 _guard_registered = False
@@ -62,16 +55,9 @@ class PluginNotInRayWorkersError(MtpDequantError, RuntimeError):
     """A Ray launch whose scheduler actors would build the draft without this plugin."""
 
 
-# -- in every Ray worker ---------------------------------------------------------------------
-
-
 def setup() -> None:
-    """Ray's ``worker_process_setup_hook``: activate plugins as an sglang scheduler does.
-
-    Raises when the hook is not in place afterwards (the plugin excluded by
-    ``SGLANG_PLUGINS`` in the worker's environment, another sglang version, a failed import):
-    Ray then fails the worker, and with it the actor, with this message.
-    """
+    """Ray's ``worker_process_setup_hook``: activate plugins as an sglang scheduler does;
+    raises (failing the worker, and its actor) when the hook is not in place afterwards."""
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
@@ -92,13 +78,8 @@ def setup() -> None:
 
 
 def inactive_targets() -> list[str]:
-    """Draft classes present in this sglang whose ``load_weights`` does not run this plugin's
-    hook in this process, read from the installed methods themselves: ``HookRegistry``'s own
-    record is no proof (its ``reset()`` clears it while every wrapper stays installed), nor is
-    this package's list of what it registered.
-
-    A target this sglang does not have is not listed (no such draft can be built here).
-    """
+    """Draft classes of this sglang whose ``load_weights`` does not run this plugin's hook in
+    this process, read from the installed methods (``HookRegistry``'s record is no proof)."""
     missing = []
     for spec in DRAFT_SPECS:
         try:
@@ -111,15 +92,8 @@ def inactive_targets() -> list[str]:
     return missing
 
 
-# -- in the driver -----------------------------------------------------------------------------
-
-
 def register_launch_guard() -> None:
-    """Register ``guard_ray_launch`` when this environment can launch sglang on Ray at all.
-
-    Called from ``plugin.register()``; without Ray installed there is no Ray launch to guard
-    and nothing is imported.
-    """
+    """Register ``guard_ray_launch`` when this environment can launch sglang on Ray at all."""
     global _guard_registered
     if _guard_registered or importlib.util.find_spec("ray") is None:
         return
@@ -148,18 +122,10 @@ def register_launch_guard() -> None:
 
 
 def guard_ray_launch(cls: type, *args: Any, **kwargs: Any) -> None:
-    """BEFORE ``RayEngine._launch_scheduler_processes(server_args, port_args, ...)``: no actor
-    exists yet, Ray may not either.
-
-    sglang never calls ``ray.init`` itself: its first Ray call in this method auto-initializes
-    Ray, which is ``ray.init()`` with no arguments. Doing that here with the setup hook is the
-    same initialization, plus the hook (``setup`` raises in any worker where it cannot apply
-    the hook, so that job checks itself). Any other job (Ray initialized by the driver, a
-    submitted job's runtime env) is judged by what its workers report, not by the name of its
-    hook: one Ray worker per node reports, from its own process, the draft classes whose
-    ``load_weights`` lacks the plugin's hook (``workers_without_plugin``); the launch goes
-    ahead when none does, whatever hook put it there (``setup``, a user's own hook calling it).
-    """
+    """BEFORE ``RayEngine._launch_scheduler_processes``: no actor exists yet. sglang's first
+    Ray call would ``ray.init()`` with no arguments; doing it here with the setup hook is the
+    same, plus the hook. Any other job is judged by what a worker per node reports
+    (``workers_without_plugin``), whatever hook it was given."""
     server_args = kwargs.get("server_args", args[0] if args else None)
     if not draft_may_need_plugin(server_args):
         return
@@ -200,15 +166,9 @@ def worker_report() -> dict[str, Any]:
 
 
 def workers_without_plugin(ray: Any) -> list[str]:
-    """One line per alive Ray node whose worker of this job reports a draft class unhooked, or
-    gives no report (a setup hook that raises ends its worker: Ray's ``WorkerCrashedError``,
-    within seconds; a hang: ``PROBE_TIMEOUT_S``); empty when every node's worker reports every
-    draft class hooked.
-
-    The probe asks for no CPU (a cluster whose CPUs are all taken still answers) and is not
-    retried; it is pickled by reference, so a node without this package fails to run it and
-    is reported.
-    """
+    """One line per alive Ray node whose worker of this job reports a draft class unhooked,
+    or no report (a raising setup hook ends its worker; a hang: ``PROBE_TIMEOUT_S``). The probe
+    asks for no CPU, is not retried, and fails on a node without this package."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     probe = ray.remote(num_cpus=0, max_retries=0)(worker_report)
@@ -262,13 +222,9 @@ def _submitted_job_runtime_env() -> dict | None:
 
 
 def draft_may_need_plugin(server_args: Any) -> bool:
-    """False only when no draft is configured, or its checkpoint is a local folder none of
-    whose ``*.safetensors`` files holds a draft tensor stored as codes: then the actors have
-    nothing for the plugin to do. Every file of the folder is read (a superset of what sglang
-    streams: no codes there means none in what it streams), without sglang's resolution,
-    which needs a published context this driver may not have yet. Anything else (a hub id,
-    an unreadable folder) counts as needing the plugin: refusing a launch that would have
-    worked is loud; the opposite is silent."""
+    """False only when no draft is configured, or it is a local folder whose ``*.safetensors``
+    hold no draft tensor stored as codes. Anything else (a hub id, an unreadable folder) needs
+    the plugin: refusing a launch that would have worked is loud, the opposite silent."""
     if not getattr(server_args, "speculative_algorithm", None):
         return False
     path = getattr(server_args, "speculative_draft_model_path", None) or getattr(

@@ -6,19 +6,10 @@ Usage::
     if not support.supported:
         logger.warning("%s", support.out_of_range())   # names the version and the range
 
-Why a declared range: sglang's private surface (``sglang_private.py``) moves between releases,
-and a user on Ascend runs the sglang their image ships. The range is what the compatibility
-matrix (``make compat``, docs/results.md) has proven: every release in ``TESTED`` loads a
-ModelSlim draft bit for bit with the plugin, with the guard working, and the CLI answers
-right. Below ``MINIMUM`` nothing is proven, so the plugin registers no hook and says so once
-(``plugin.register``) and the CLI refuses with its own exit code (``tools/sglang_support.py``),
-instead of reaching into names that may not exist there. A release newer than the newest
-tested one is allowed: each hook target is still checked one by one (``plugin.unresolvable``)
-and a missing one is a WARNING naming it.
-
-``pyproject.toml`` states the same range as its ``sglang`` extra (never a dependency, so pip
-never replaces a user's sglang); ``test/test_packaging.py`` checks the two agree. Importing
-this module imports nothing of sglang.
+Why a declared range: sglang's private surface moves between releases. ``TESTED`` is what the
+compatibility matrix (``make compat``) proved; below ``MINIMUM`` the plugin registers nothing
+and the CLI refuses; a newer release is allowed, each hook target checked on its own.
+``pyproject.toml``'s ``sglang`` extra states the same range. Imports nothing of sglang.
 """
 
 from __future__ import annotations
@@ -46,11 +37,8 @@ def before(release: str) -> tuple[str, ...]:
 
 
 def release_of(version: str) -> tuple[int, ...] | None:
-    """The numeric release of a version string, e.g. ``"0.5.17.dev3+g1a2b"`` -> (0, 5, 17);
-    None if it does not start with a number.
-
-    A development or release-candidate build counts as its release: sglang's images ship
-    ``0.5.17.dev`` builds, whose names are those of the release they precede."""
+    """The numeric release of a version string (``"0.5.17.dev3+g1a2b"`` -> (0, 5, 17), a dev
+    build counting as the release it precedes); None if it does not start with a number."""
     found = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
     return tuple(int(part) for part in found.group(1).split(".")) if found else None
 

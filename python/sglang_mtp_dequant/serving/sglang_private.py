@@ -57,6 +57,7 @@ class Private:
 
 
 _LOADER = "sglang.srt.model_loader.loader"
+_NEXTN = "sglang.srt.models.deepseek_nextn"
 
 #: ``DefaultModelLoader._prepare_weights``, observed with an AROUND hook (``load.py``)
 PREPARE_WEIGHTS_TARGET = f"{_LOADER}.DefaultModelLoader._prepare_weights"
@@ -293,6 +294,8 @@ LEDGER: tuple[Private, ...] = (
             # e2e checks look for
             "e2e/site/e2e_shim_npu_check.py",
             "e2e/checks.py",
+            # the branch's clause is checked in the patched tree's source text
+            "test/test_upstream_series.py",
         ),
     ),
     Private(
@@ -325,6 +328,19 @@ LEDGER: tuple[Private, ...] = (
         spelled=("_is_npu",),
         accessors=("loader_is_npu", "set_loader_is_npu"),
         also_spelled_in=("e2e/site/e2e_shim_modelslim.py",),  # see _get_quantization_config
+    ),
+    Private(
+        name=f"{_NEXTN}._is_npu",
+        where=f"{_NEXTN}._is_npu",
+        why="on NPU DeepSeek's NextN class (GLM-5's through it) builds its layer as "
+        "model.layers.<num_hidden_layers> when the draft is the target's folder, elsewhere as "
+        "model.decoder: the prefix ModelSlimConfig looks each layer's scheme up under",
+        how="answers True while the CPU tools build a draft as on NPU "
+        "(tools/cpu_env.npu_quantization_rule); read there by that clause and the QuaRot "
+        "rot.safetensors read beside it (and in forward, never run)",
+        remove_when="sglang names the NextN layer the same way on every platform",
+        spelled=("_is_npu",),
+        accessors=("nextn_module_is_npu", "set_nextn_module_is_npu"),
     ),
     Private(
         name="sglang.srt.plugins._get_excluded_dists",
@@ -653,6 +669,19 @@ def set_loader_is_npu(value: bool) -> None:
     import sglang.srt.model_loader.loader as loader
 
     loader._is_npu = value
+
+
+def nextn_module_is_npu() -> bool:
+    """The ``_is_npu`` DeepSeek's NextN module read at import."""
+    import sglang.srt.models.deepseek_nextn as nextn
+
+    return bool(nextn._is_npu)
+
+
+def set_nextn_module_is_npu(value: bool) -> None:
+    import sglang.srt.models.deepseek_nextn as nextn
+
+    nextn._is_npu = value
 
 
 def draft_module_is_npu(module: Any) -> Any:

@@ -6,12 +6,10 @@ Usage::
     # resolution, offline, from the local cache only
     source = resolve_offline("acme/Qwen3.5-27B-w8a8", download_dir="/data/hub", revision=None)
 
-Why call sglang rather than re-derive: a checkpoint reaches sglang as a folder, a Hugging Face
-snapshot, a hub id in a cache, a revision or a ModelScope download, then filtered by an index
-and given a stray ``mtp.safetensors``; each rule written again here would be one more way to
-plan from files that are not the ones streamed. So a server records what ``_prepare_weights``
-and ``maybe_add_mtp_safetensors`` returned (the loader hooks, ``load.py``), and the CLI calls
-those same two functions here.
+Why call sglang rather than re-derive: folders, snapshots, cached hub ids, revisions,
+ModelScope, index filtering, a stray ``mtp.safetensors``: each rule written again would be one
+more way to plan from files that are not the ones streamed. A server records what sglang's two
+functions returned (``load.py``); the CLI calls them here.
 """
 
 from __future__ import annotations
@@ -32,10 +30,7 @@ SGLANG_INDEX = "model.safetensors.index.json"
 
 @contextlib.contextmanager
 def _offline() -> Iterator[None]:
-    """Hugging Face and ModelScope lookups from the local cache only, as ``HF_HUB_OFFLINE=1``.
-
-    sglang reads ``huggingface_hub.constants.HF_HUB_OFFLINE`` at call time, for both hubs.
-    """
+    """Hugging Face and ModelScope lookups from the local cache only (``HF_HUB_OFFLINE``)."""
     import huggingface_hub.constants as hub
 
     previous = hub.HF_HUB_OFFLINE
@@ -53,18 +48,10 @@ def resolve_offline(
     revision: str | None = None,
     publish: Callable[[str], None] | None = None,
 ) -> WeightSource:
-    """The folder and weight files sglang would load for ``path``, without the network.
-
-    ``path`` is a folder (a snapshot folder too) or a hub id that is in the local cache (the
-    default one, or ``download_dir`` as sglang's ``--download-dir``); ``revision`` as sglang's
-    ``--revision``. ``SGLANG_USE_MODELSCOPE`` is honoured as sglang honours it. sglang's
-    ``_prepare_weights`` reads the published server context: inside a scheduler it is there;
-    outside one (the CLI, ``tools/resolve.py``) ``publish`` is called with the local folder
-    found, before sglang resolves its files.
-
-    Raises:
-        CheckpointFormatError: the path is neither a folder nor a cached hub model.
-    """
+    """The folder and weight files sglang would load for ``path`` (a folder or a cached hub
+    id; ``download_dir`` and ``revision`` as sglang's flags), without the network. Outside a
+    scheduler ``publish`` is called with the local folder found, before sglang resolves it
+    (``CheckpointFormatError``: neither a folder nor a cached hub model)."""
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.model_loader.loader import DefaultModelLoader
 

@@ -7,12 +7,9 @@ Usage::
     model_load_weights(stream.apply(weights))   # names unchanged, before sglang's name mapping
     print(stream.stats.dequantized, stream.stats.seconds)
 
-Why a transform of the stream and not a fix-up of parameters afterwards: sglang's loaders
-shard, stack (q/k/v into qkv_proj) and scatter experts by name; handing them the right float
-tensor under the checkpoint's own name lets every one of those paths (and every TP rank) work
-unchanged. One tensor is decoded at a time, as it streams by, so no fp32 copy of more than
-one weight block ever exists. When the plan is made and the rules that make the transform
-safe to stack with anything else, on ``DequantizingStream``.
+Why the stream and not a fix-up of parameters afterwards: sglang's loaders shard, stack and
+scatter by name; the right float tensor under the checkpoint's own name lets every path (and
+TP rank) work unchanged. One tensor is decoded at a time, as it streams by.
 """
 
 from __future__ import annotations
@@ -51,19 +48,10 @@ class StreamStats:
 class DequantizingStream:
     """Dequantizes the planned draft weights of one load and drops their companions.
 
-    The plan is made when the first tensor arrives: sglang resolves the checkpoint's files when its
-    weight iterator is first advanced, so only then does the plugin know (from what sglang recorded,
-    ``sources.py``) which files are being streamed. Nothing has reached the draft's loaders yet, so
-    a refused checkpoint still stops the load before a parameter is written.
-
-    Rules that make it safe to stack with anything else:
-
-    - a planned weight that arrives already floating point (an upstream fix, another plugin) is
-      passed through untouched: no double dequantization;
-    - an expert that this rank's FusedMoE drops (expert parallelism, ``ownership.py``) is passed
-      through undecoded: sglang discards it, and the guard would see it if it did not;
-    - an integer or float8 draft weight the plan does not know is refused: it would otherwise be
-      copied into a float parameter as raw codes, which is the bug this package exists for.
+    The plan is made when the first tensor arrives (sglang resolves its files then), before
+    any reaches the draft's loaders. A planned weight arriving already float passes untouched (no
+    double dequantization); an expert this rank drops passes undecoded (``ownership.py``); a code
+    weight the plan does not know is refused (it would be copied as raw codes).
     """
 
     def __init__(

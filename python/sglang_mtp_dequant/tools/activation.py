@@ -6,12 +6,9 @@ Usage::
     if not found.active:
         print(found.why)    # "SGLANG_PLUGINS='none' does not name mtp_dequant: ..."
 
-sglang loads general plugins from the entry points of the environment it runs in, filtered
-by ``SGLANG_PLUGINS`` (a comma-separated whitelist; an empty value filters nothing) and by
-``SGLANG_PLATFORM`` (plugins of unselected platform packages are skipped). Rather than restate
-those rules, this asks sglang's ``load_plugins_by_group`` which plugins it would load, and
-only then explains a missing one. It loads the allowed entry points' modules (as sglang does
-at start-up) but calls none of them.
+Rather than restate sglang's rules (entry points filtered by ``SGLANG_PLUGINS`` and
+``SGLANG_PLATFORM``), this asks its ``load_plugins_by_group`` which plugins it would load, and
+only then explains a missing one; it imports the allowed entry points but calls none.
 """
 
 from __future__ import annotations

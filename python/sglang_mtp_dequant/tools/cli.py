@@ -5,18 +5,12 @@ Usage::
     sglang-mtp-dequant doctor /models/Qwen3.5-27B-w8a8          # table, verdict last
     sglang-mtp-dequant doctor acme/Qwen3.5-27B-w8a8 --download-dir /data/hub --json
     sglang-mtp-dequant verify /models/Qwen3.5-27B-w8a8 [--reference mtp_float.safetensors]
-    sglang-mtp-dequant doctor /models/q35-w4a16 --device cuda --speculative-algorithm EAGLE
     sglang-mtp-dequant doctor -- python -m sglang.launch_server --model-path /m --device cuda
-    sglang-mtp-dequant --version
 
-PATH is what sglang gets as ``--model-path``: a folder, a Hugging Face snapshot folder, or a
-hub id in the local cache (never downloaded), with ``--download-dir`` / ``--revision`` as
-sglang takes them. The inputs are checked before sglang is imported (``preflight.py``); both
-commands then import sglang to resolve and build the checkpoint's draft as it would. sglang's
-output and this plugin's log lines go to a log file of this run, named last (or to the
-terminal with ``-v``); progress lines go to stderr, the answer (text or ``--json``) alone to
-stdout. Any other flags are sglang launch flags (``launch.py``): the answer is for that
-launch. The exit status is the verdict's (``verdicts.py``).
+PATH is what sglang gets as ``--model-path`` (a folder, a snapshot, a cached hub id: never
+downloaded). Inputs are checked before sglang is imported (``preflight.py``); any other flags
+are sglang launch flags (``launch.py``). sglang's output goes to a log file of this run (or the
+terminal with ``-v``), the answer alone to stdout; the exit status is the verdict's.
 """
 
 from __future__ import annotations
@@ -238,10 +232,9 @@ def _input_error_json(args: argparse.Namespace, wrong: InputError) -> dict[str, 
 
 @contextlib.contextmanager
 def _sglang_output(log: str | None) -> Iterator[Callable[[str], None]]:
-    """Send everything written to stdout and stderr (sglang's warnings, log lines, progress
-    bars) and this plugin's INFO lines to ``log``; yield a function that still prints progress
-    to the terminal's stderr (stdout carries the answer only, so ``--json | jq`` works).
-    ``log=None`` (``-v``): everything on the terminal's stderr, the plugin's INFO lines too."""
+    """Everything written to stdout and stderr, and the plugin's INFO lines, into ``log`` (None:
+    the terminal's stderr); yields a function printing progress to the terminal's stderr
+    (stdout carries the answer only, so ``--json | jq`` works)."""
     plugin_log = logging.getLogger("sglang_mtp_dequant")
     level = plugin_log.level
     plugin_log.setLevel(logging.INFO)

@@ -7,19 +7,10 @@ Usage::
         model = build(...)                   # and npu_quantization_rule() to build as on NPU
     stand_ins_used()                         # the notes the doctor prints
 
-Six shims, each acting only where the real thing cannot run, none touching attention,
-matmul, sampling or weight loading: ``ensure_torchvision_importable`` (PyPI's CUDA
-torchvision beside CPU torch), ``placeholder_vllm_rotary`` (a GPU kernel imported by
-``RotaryEmbedding``), ``cuda_capability_answered`` (DSA server-args asking the CUDA
-capability), ``generic_rope_on_cpu`` (ropes sglang's CPU branch cannot build),
-``npu_quantization_rule`` (the draft classes' NPU-only quantization clauses) and
-``npu_kernels_looked_up`` (NPU kernels a quantized layer looks up while it is built). Why
-each is safe
-is on its function. Each stand-in records a note the first time it is needed
-(``stand_ins_used``): what was answered for sglang, and why it cannot change what is found.
-
-The CLI (``verify``, the doctor's dry run), the tests and the end-to-end servers'
-``sitecustomize`` (``e2e/site/``) use these; the serving plugin never does.
+Each shim acts only where the real thing cannot run here, and none touches attention, matmul,
+sampling or weight loading; why each is safe is on its function. Each stand-in records a note
+the first time it is needed (``stand_ins_used``). The CLI, the tests and the end-to-end
+servers' ``sitecustomize`` (``e2e/site/``) use these; the serving plugin never does.
 """
 
 from __future__ import annotations
@@ -59,15 +50,10 @@ def forget_stand_ins() -> None:
 
 
 def ensure_torchvision_importable() -> None:
-    """Make ``import torchvision`` work beside CPU torch.
-
-    PyPI's torchvision wheel is a CUDA build; beside CPU torch its import fails with
-    ``operator torchvision::nms does not exist``. Only then, the half-imported modules are
-    dropped and the two operator schemas it needs are defined, so transformers (imported by
-    sglang) can import torchvision. Never done when torchvision imports cleanly (a second
-    definition of the schemas would abort the process). Without torchvision installed there is
-    nothing to repair (sglang's own import then says what is missing).
-    """
+    """Make ``import torchvision`` work beside CPU torch: PyPI's torchvision is a CUDA build,
+    whose import fails with ``operator torchvision::nms does not exist``. Only then the
+    half-imported modules are dropped and its two operator schemas defined (a second definition
+    would abort the process)."""
     try:
         import torchvision  # noqa: F401
 
@@ -104,12 +90,8 @@ def vllm_placeholder() -> dict[str, types.ModuleType]:
 
 @contextlib.contextmanager
 def placeholder_vllm_rotary() -> Iterator[None]:
-    """Satisfy the CUDA-only rotary kernel import during model construction only.
-
-    Off CUDA, ``RotaryEmbedding.__init__`` imports ``vllm._custom_ops.rotary_embedding``, a GPU
-    kernel used only in ``forward`` on CUDA. The placeholder is in ``sys.modules`` while the
-    model is built and removed afterwards; it raises if anything ever calls it.
-    """
+    """While a model is built, a placeholder for the GPU rotary kernel ``RotaryEmbedding``
+    imports off CUDA (used only in ``forward``); it raises if called."""
     if "vllm._custom_ops" in sys.modules:
         yield
         return
@@ -126,13 +108,8 @@ def cuda_capability_answered(
     capability: tuple[int, int] = (0, 0), note: str = CUDA_CAPABILITY_NOTE
 ) -> Iterator[None]:
     """Answer ``torch.cuda.get_device_capability()`` with ``capability`` off CUDA, recording
-    ``note`` when sglang asks; on a machine with CUDA nothing changes.
-
-    sglang's server-args resolution for DSA models (DeepSeek-V3.2, GLM-5) asks for it whenever
-    the platform is not NPU or XPU, and off CUDA that raises. ``(0, 0)`` while the CPU tools
-    publish their ServerArgs, an sm90 answer while a draft is built for ``--device cuda``
-    (``tools/launch.py``): only the KV-cache dtype and attention-backend choices read it, never
-    a weight, a shape or the draft's quantization."""
+    ``note``: sglang's DSA server-args resolution asks it off NPU (and raises without CUDA);
+    only its KV-cache dtype and attention-backend choices read it, never a weight or shape."""
     if torch.cuda.is_available():
         yield
         return
@@ -151,13 +128,9 @@ def cuda_capability_answered(
 
 @contextlib.contextmanager
 def generic_rope_on_cpu() -> Iterator[None]:
-    """Build ropes sglang's CPU branch cannot build with its generic ``get_rope``;
-    ``deepseek_yarn`` ropes still come from the CPU branch.
-
-    sglang's CPU rope (the ``device == "cpu"`` branch of ``get_rope_wrapper``, which the DSA
-    indexer takes) supports ``deepseek_yarn`` scaling only and asserts otherwise (GLM-5's
-    default rope). A rope holds no weights and is used only in ``forward``, which the CPU tools
-    never run."""
+    """Build the ropes sglang's CPU branch cannot (it supports ``deepseek_yarn`` scaling only,
+    not GLM-5's DSA indexer's default) with its generic ``get_rope``. A rope holds no weights
+    and runs only in ``forward``."""
     from ..serving import sglang_private
 
     real = sglang_private.cpu_rope_builder()
@@ -185,10 +158,8 @@ def generic_rope_on_cpu() -> Iterator[None]:
 
 
 def _packed_module_mappings() -> list[tuple[dict, dict]]:
-    """Every ``packed_modules_mapping`` dict of sglang's model classes, with a copy of it.
-
-    The loader's NPU branch updates the draft class's own dict in place, so without a restore
-    a build as on NPU would change every later build of the class in this process."""
+    """Every ``packed_modules_mapping`` dict of sglang's model classes, with a copy of it (the
+    loader's NPU branch updates the class's own dict in place)."""
     import sys
 
     found = {}
@@ -207,12 +178,9 @@ def _packed_module_mappings() -> list[tuple[dict, dict]]:
 
 @contextlib.contextmanager
 def npu_quantization_rule() -> Iterator[None]:
-    """While a draft is built, sglang's quantization decisions answer as on NPU (the platform
-    this plugin serves): the draft classes' own rule builds Qwen3.5/3.6, Qwen3-Next, GLM-4.5
-    and GLM-4.7-Flash drafts unquantized whenever the draft quantization is unset, and the
-    loader gives a ModelSlim-quantized draft the packed-module mapping that maps its fused
-    ``qkv_proj`` / ``gate_up_proj`` to their schemes. Only those clauses read the flags while
-    the class is built (the others are in ``forward``), so nothing else of the build changes."""
+    """While a draft is built, sglang's NPU clauses answer as on NPU: the draft classes' own
+    quantization rule, the loader's packed-module mapping for a ModelSlim draft, and DeepSeek's
+    NextN layer named ``model.layers.<n>`` (where its ModelSlim schemes are looked up)."""
     import importlib
 
     from ..serving import sglang_private
@@ -230,16 +198,32 @@ def npu_quantization_rule() -> Iterator[None]:
         sglang_private.set_draft_module_is_npu(module, lambda: True)
     loader_was_npu = sglang_private.loader_is_npu()
     sglang_private.set_loader_is_npu(True)
+    nextn_was_npu = sglang_private.nextn_module_is_npu()
+    sglang_private.set_nextn_module_is_npu(True)
     mappings = _packed_module_mappings()
+    stand_in = not hasattr(torch.Tensor, "npu")
+    if stand_in:  # QuaRot's rot.weight, moved to the NPU as DeepSeek's NextN reads it
+        setattr(torch.Tensor, "npu", _tensor_stays)  # noqa: B010
     try:
         yield
     finally:
+        if stand_in:
+            delattr(torch.Tensor, "npu")
         for mapping, before in mappings:
             mapping.clear()
             mapping.update(before)
+        sglang_private.set_nextn_module_is_npu(nextn_was_npu)
         sglang_private.set_loader_is_npu(loader_was_npu)
         for module, function in saved:
             sglang_private.set_draft_module_is_npu(module, function)
+
+
+def _tensor_stays(tensor: torch.Tensor, *_args: object, **_kwargs: object) -> torch.Tensor:
+    _USED["npu-tensor"] = (
+        "CPU stand-in: while the draft was built as on NPU, Tensor.npu() (torch_npu's, absent "
+        "here) kept the tensor on the CPU (DeepSeek's NextN moves QuaRot's rot.weight with it)"
+    )
+    return tensor
 
 
 NPU_KERNEL_NOTE = (
@@ -251,8 +235,7 @@ NPU_KERNEL_NOTE = (
 
 
 class _NpuKernels:
-    """``torch.ops.npu`` while a draft is built on a CPU: a real kernel where torch_npu has
-    one, else a placeholder that raises if called (and is noted as looked up)."""
+    """``torch.ops.npu`` while a draft is built on a CPU (``npu_kernels_looked_up``)."""
 
     def __init__(self, real: Any) -> None:
         self._real = real
@@ -277,15 +260,10 @@ class _NpuKernels:
 
 @contextlib.contextmanager
 def npu_kernels_looked_up() -> Iterator[None]:
-    """While a draft is built as on NPU, answer ``torch.ops.npu.<kernel>`` lookups.
-
-    sglang's NPU quantization methods fetch their kernels when they are constructed (e.g.
-    ``NPUW8A8Int8MoEMethod`` -> ``HiddenStatesDynamicQuant`` takes
-    ``torch.ops.npu.npu_dynamic_quant``), so a ModelSlim-quantized MoE draft cannot even be built
-    on a CPU without torch_npu. A kernel is only called in ``forward`` (or after the weights are
-    loaded), never while the class builds its parameters on the meta device, so a placeholder
-    that raises if called changes nothing the doctor or the memory count reads. Where torch_npu
-    is installed its kernels are returned as they are."""
+    """While a draft is built as on NPU, answer ``torch.ops.npu.<kernel>`` lookups: sglang's NPU
+    quantization methods fetch their kernels when constructed (``NPUW8A8Int8MoEMethod`` takes
+    ``npu_dynamic_quant``), and call them only in ``forward``, so a placeholder that raises if
+    called changes nothing built. torch_npu's kernels, where installed, are returned as they are."""
     real = getattr(torch.ops, "npu")  # noqa: B009 - an op namespace mypy does not know
     setattr(torch.ops, "npu", _NpuKernels(real))  # noqa: B010
     try:

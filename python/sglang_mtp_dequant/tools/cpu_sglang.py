@@ -8,20 +8,19 @@ Usage::
     draft.load_weights(sglang_weights(config, draft))    # DefaultModelLoader's own stream
 
 Nothing here changes how sglang loads weights: it is the set-up a CPU-only process needs
-before sglang's model modules import and build at all (the environment shims it applies are
-``cpu_env.py``'s), and sglang's own functions to build a draft and its weight stream, reached
-through the ledger of sglang's private names (``serving/sglang_private.py``).
+(``cpu_env.py``'s shims) and sglang's own functions, reached through the ledger
+(``serving/sglang_private.py``).
 """
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from ..serving import sglang_private
+from ..serving import context, sglang_private
 from .cpu_env import (
     cuda_capability_answered,
     ensure_torchvision_importable,
@@ -105,20 +104,33 @@ def build_draft(
     device: str | torch.device = "cpu",
     adjust_quant_config: Callable[[Any], None] | None = None,
 ) -> torch.nn.Module:
-    """sglang's own draft class for ``model_config``, built the way ``DefaultModelLoader`` does
-    (its quantization config, its dtype), on ``device`` (``"meta"``: shapes only).
-    ``adjust_quant_config``: called with sglang's quantization config before the class is built
-    (the doctor's build of a draft as the plugin builds it: ``doctor/forms.py``)."""
+    """sglang's own draft class for ``model_config``, built as ``DefaultModelLoader`` does, on
+    ``device``; ``adjust_quant_config`` gets sglang's quantization config first (the plugin's
+    build: ``float_layers.builds_as_the_plugin``)."""
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.model_loader.utils import set_default_torch_dtype
 
     load_config = LoadConfig(load_format="auto")
-    quant_config = sglang_private.quantization_config(model_config, load_config)
+    quantize, initialize = sglang_private.quantization_config, sglang_private.initialize_model
+    if context.is_bypassed():  # a build as stock sglang's: its own functions, never a hook
+        quantize = sglang_own(sglang_private.QUANTIZATION_CONFIG_TARGET)
+        initialize = sglang_own(sglang_private.INITIALIZE_MODEL_TARGET)
+    quant_config = quantize(model_config, load_config)
     if adjust_quant_config is not None and quant_config is not None:
         adjust_quant_config(quant_config)
     with set_default_torch_dtype(model_config.dtype), torch.device(device):
         with placeholder_vllm_rotary(), generic_rope_on_cpu():
-            return sglang_private.initialize_model(model_config, load_config, quant_config)
+            return initialize(model_config, load_config, quant_config)
+
+
+def sglang_own(target: str) -> Callable[..., Any]:
+    """sglang's function at ``target``, unwrapped of any hook ``HookRegistry`` put on it."""
+    import importlib
+
+    module, _, name = target.rpartition(".")
+    return cast(
+        Callable[..., Any], sglang_private.unwrapped(getattr(importlib.import_module(module), name))
+    )
 
 
 def sglang_weights(

@@ -6,17 +6,13 @@ Usage::
     built.quant_config         # None: built unquantized (the plugin's hook acts)
     coverage = simulate_load(built, checkpoint, plan, spec)    # through the plugin's stream
     coverage = simulate_load(built, checkpoint, None, spec)    # stock sglang (a quantized draft)
-    coverage.unwritten      # {"model.layers.0.qkv_proj.weight": "shard 'k' of 3"}
-    coverage.skipped        # draft checkpoint names the class drops
-    coverage.codes_in_float  # float parameters stock sglang fills with raw codes
+    coverage.unwritten, coverage.skipped, coverage.codes_in_float
 
-The doctor's answers to "how is the draft built?" and "will every draft parameter be filled?"
-come from sglang's own code: its draft ``ModelConfig`` (``is_draft_model=True``), its
-quantization config, and its draft class built on the ``meta`` device for the user's launch
-flags, the platform's answers stood in (``launch.py``). Its own ``load_weights`` is then fed a
-meta tensor of each draft tensor's header shape and dtype, with the write recorder the server
-uses (``guard/writes.py``). Loaders decide by names and shapes, never by values, so the record
-is the one a real load would make; no weight byte is read.
+How the draft is built and whether every parameter is filled come from sglang's own code: its
+draft ``ModelConfig``, quantization config and class built on ``meta`` for the user's launch
+(``launch.py``), and its ``load_weights`` fed a meta tensor per draft tensor's header, with the
+server's write recorder (``guard/writes.py``). Loaders decide by names and shapes, never values,
+so the record is a real load's; no weight byte is read.
 """
 
 from __future__ import annotations
@@ -87,16 +83,9 @@ def build_meta_draft(
     launch: Launch | None = None,
     adjust_quant_config: Callable[[Any], None] | None = None,
 ) -> Built:
-    """sglang's draft for the checkpoint in ``folder`` (see the module docstring), for the
-    user's ``launch`` (its flags published, its platform stood in; default: NPU, no flags);
-    ``adjust_quant_config`` as ``cpu_sglang.build_draft`` takes it.
-
-    Raises whatever sglang raises building it.
-
-    The draft ``ModelConfig`` takes the draft quantization from config.json's
-    ``quantization_config`` when unset; the class is built on ``meta`` (no memory), the platform NPU
-    by default, the class's own quantization rule answering as there.
-    """
+    """sglang's draft for the checkpoint in ``folder`` on ``meta``, for the user's ``launch``
+    (its flags published, its platform stood in; default: NPU, no flags);
+    ``adjust_quant_config`` as ``cpu_sglang.build_draft`` takes it. Raises what sglang raises."""
     from .cpu_sglang import build_draft, draft_model_config, prepare_cpu_process
     from .launch import default_launch
     from .target_check import rmsnorm_kept
@@ -111,6 +100,17 @@ def build_meta_draft(
     return Built(model_config, model)
 
 
+def draft_architecture(folder: str) -> str | None:
+    """The draft class sglang's draft ``ModelConfig`` names for ``folder`` (its context published
+    by ``build_meta_draft``), or None where that config cannot be made."""
+    from .cpu_sglang import draft_model_config
+
+    try:
+        return str(draft_model_config(folder).hf_config.architectures[0])
+    except Exception:  # noqa: BLE001 - the build's own error says why
+        return None
+
+
 def simulate_load(
     built: Built,
     checkpoint: Checkpoint,
@@ -119,11 +119,8 @@ def simulate_load(
     quantized: bool = False,
 ) -> Coverage:
     """Dry-run sglang's load of the draft: through the plugin's stream with ``plan``, or as
-    stock sglang with ``plan=None``. ``quantized``: a draft built quantized, whose stream keeps
-    every code the plan does not decode (its quantized layers consume them).
-
-    Raises whatever the class's loader raises on the meta device.
-    """
+    stock sglang with ``plan=None`` (``quantized``: the stream keeps every code the plan does not
+    decode). Raises what the class's loader raises on the meta device."""
     model = built.model
     from_target = spec.from_target if spec is not None else ("embed_tokens", "lm_head")
     names = spec.draft_names(model) if spec is not None else (lambda n: n in checkpoint.tensors)

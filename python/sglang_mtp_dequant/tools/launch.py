@@ -5,17 +5,13 @@ Usage::
     launch = parse_launch("/models/q35", ["--device", "cuda", "--quantization", "w8a8_int8"])
     launch = parse_launch(None, ["python", "-m", "sglang.launch_server", "--model-path", "/m"])
     launch.checkpoint        # what the draft loads from: --speculative-draft-model-path or PATH
-    launch.server_args()     # the ServerArgs fields the CPU tools publish for it
     with launch.platform():  # sglang's platform answers stood in while the draft is built
         draft = build_draft(model_config, device="meta")
-    launch.describe()        # "as on CUDA (--device cuda) ..." for the report
 
-Why sglang's parser: the answer must be for the launch the user will run, flag for flag
-(``ServerArgs.add_cli_args`` is what ``sglang serve`` parses with), and sglang's own resolution
-then decides the draft's quantization. What cannot run on this CPU is the platform: the
-process publishes ``device="cpu"`` and the platform's answers are stood in while the draft
-class is built (``cpu_env``; which answers, on ``Launch.platform``). Without flags the answer is
-the one this plugin was built for: NPU, the draft quantization unset, and the report says so.
+Why sglang's parser: the answer must be for the launch the user will run, flag for flag, and
+sglang's own resolution decides the draft's quantization. The platform cannot run here: the
+process publishes ``device="cpu"`` and its answers are stood in while the draft is built
+(``Launch.platform``). Without flags: NPU, the draft quantization unset, and the report says so.
 """
 
 from __future__ import annotations
@@ -98,16 +94,9 @@ class Launch:
 
     @contextlib.contextmanager
     def platform(self) -> Iterator[None]:
-        """sglang's platform answers for ``--device`` while the draft class is built.
-
-        On NPU the draft classes' ``is_npu`` rule, and the NPU kernels a quantized layer looks
-        up while it is built (placeholders that raise if called: ``cpu_env``); on CUDA
-        ``torch.cuda.get_device_capability()``
-        answered as an sm90 GPU (which compressed-tensors' scheme choice asks). sglang's own
-        resolution (``ServerArgs`` and the draft's ``ModelConfig``) decides the draft's
-        quantization: ``--quantization`` copied to the draft, ``unquant``, the checkpoint's
-        ``quantization_config``.
-        """
+        """sglang's platform answers for ``--device`` while the draft class is built: on NPU
+        its NPU clauses and kernel lookups (``cpu_env``), on CUDA an sm90 GPU's capability
+        (which compressed-tensors' scheme choice asks)."""
         from .cpu_env import cuda_capability_answered, npu_kernels_looked_up, npu_quantization_rule
 
         if self.device == "npu":
@@ -159,15 +148,9 @@ CUDA_BUILD_NOTE = (
 
 
 def parse_launch(path: str | None, argv: Sequence[str]) -> Launch:
-    """Read ``argv`` with sglang's ``ServerArgs`` parser.
-
-    ``argv`` is either launch flags (``--device cuda ...``) for checkpoint ``path``, or a whole
-    command (``python -m sglang.launch_server --model-path ...``, ``sglang serve ...``): words
-    before the first ``--`` flag are the command and are dropped.
-
-    Raises:
-        LaunchError: sglang's parser refused the flags (its message), or no model path.
-    """
+    """Read ``argv`` (launch flags for checkpoint ``path``, or a whole command, whose words
+    before the first ``--`` flag are dropped) with sglang's ``ServerArgs`` parser;
+    ``LaunchError`` when it refuses them (its message), or without a model path."""
     from .cpu_env import ensure_torchvision_importable
 
     words = list(argv)
@@ -215,7 +198,7 @@ def with_quantization(
     launch: Launch | None, path: str, quantization_flags: Sequence[str]
 ) -> Launch:
     """The same launch (``launch``, or none for checkpoint ``path``) with its two quantization
-    flags replaced by ``quantization_flags`` (a launch form: ``doctor/forms.py``)."""
+    flags replaced by ``quantization_flags`` (a launch form: ``tools/forms.py``)."""
     names = ("--quantization", "--speculative-draft-model-quantization")
     words = without_flags(launch.flags if launch is not None else [], names)
     given_path = any(w == "--model-path" or w.startswith("--model-path=") for w in words)

@@ -7,11 +7,9 @@ Usage::
     if problem is not None:
         print(problem)            # "<absolute path>: does not exist. What to do: ..."
 
-Why before sglang: importing sglang takes tens of seconds on a CPU box, and sglang's answer to
-a path that is not there is a hub-id validation error (``HFValidationError``), to an empty
-folder a complaint about a ``model_type`` key in a config.json that does not exist. These
-checks only say what is certainly wrong; anything they cannot decide (a hub id that may be in
-a local cache, a ModelScope id) is left to sglang's own resolution.
+Why before sglang: importing it takes tens of seconds on a CPU box, and its answer to a
+missing path is a hub-id validation error. Only what is certainly wrong is said here; anything
+undecided (a hub id that may be cached, a ModelScope id) is left to sglang's own resolution.
 """
 
 from __future__ import annotations

@@ -5,13 +5,10 @@ Usage::
     source = resolve_checkpoint("/models/Qwen3.5-27B-w8a8")
     source = resolve_checkpoint("acme/Qwen3.5-27B-w8a8", download_dir="/data/hub", revision="v1")
 
-The server's plugin records what sglang's loader resolved (``serving/sources.py``); a CLI
-process has no server, so it asks sglang's same functions, offline, after the two things a
-CPU process outside sglang needs: the torchvision shim (``cpu_env.py``) and sglang's server
-context, published for the local folder found (sglang's ``_prepare_weights`` reads it).
-Without sglang importable, only a folder is accepted and its files are every ``*.safetensors``
-in it (what sglang streams from a ModelSlim export, which has no
-``model.safetensors.index.json``).
+A CLI process has no server to record sglang's resolution (``serving/sources.py``), so it asks
+sglang's same functions offline, its context published for the folder found. Without sglang
+importable only a folder is accepted, its files every ``*.safetensors`` in it (what sglang
+streams from a ModelSlim export).
 """
 
 from __future__ import annotations
@@ -28,11 +25,8 @@ from .cpu_env import ensure_torchvision_importable
 def resolve_checkpoint(
     path: str, *, download_dir: str | None = None, revision: str | None = None
 ) -> WeightSource:
-    """The folder and weight files sglang would load for ``path`` (see the module docstring).
-
-    Raises:
-        CheckpointFormatError: the path is neither a folder nor a cached hub model.
-    """
+    """The folder and weight files sglang would load for ``path`` (``CheckpointFormatError``:
+    neither a folder nor a cached hub model)."""
     ensure_torchvision_importable()
     try:
         import sglang.srt.model_loader.loader  # noqa: F401

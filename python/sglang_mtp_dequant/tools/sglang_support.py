@@ -6,12 +6,9 @@ Usage::
     if too_old is not None: return EXIT_CODES[NEEDS_SGLANG], sglang_answer(...)
     except ImportError as exc: return EXIT_CODES[SGLANG_BROKEN], sglang_answer(...)
 
-Why its own answers: ``doctor`` and ``verify`` build the draft with sglang's own classes,
-loader and server context, whose names move between releases (``serving/releases.py`` holds
-the range the matrix proved). An sglang below that range, or an import inside sglang that
-fails (a native package its module needs), says nothing about the checkpoint: reporting it as
-"this draft cannot be served" would send the user to fix a valid export. Each gets a verdict
-and an exit code of its own (``verdicts.py``), and nothing else is concluded.
+Why its own answers: an sglang below the supported range (``serving/releases.py``), or an
+import inside sglang that fails, says nothing about the checkpoint; reporting it as "this draft
+cannot be served" would send the user to fix a valid export. Each gets its own verdict.
 """
 
 from __future__ import annotations

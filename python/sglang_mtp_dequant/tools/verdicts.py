@@ -19,8 +19,9 @@ INACTIVE = "inactive"
 NEEDS_SGLANG = "needs-sglang"
 SGLANG_BROKEN = "sglang-broken"
 
-#: versions of the JSON layouts ``doctor --json`` and ``verify --json`` write
-DOCTOR_SCHEMA_VERSION = 3
+#: versions of the JSON layouts ``doctor --json`` and ``verify --json`` write (doctor 4: each
+#: form's target and memory cells, stock's own errors, the plugin's outcome)
+DOCTOR_SCHEMA_VERSION = 4
 VERIFY_SCHEMA_VERSION = 1
 
 #: argparse's own exit status for a usage error

@@ -80,17 +80,71 @@ def test_w1_w3_w2_naming_is_read_as_sglang_reads_it():
 
 def test_refusal_names_the_layer_an_example_of_each_precision_and_the_launch():
     precision = described.ExpertPrecision(MTP, _experts({0: "FLOAT", 1: "W8A8_DYNAMIC"}))
-    error = float_layers.refusal(precision)
+    error = float_layers.refusal(precision, is_draft=True)
     assert isinstance(error, MixedPrecisionLayerError) and error.layer == MTP
     text = str(error)
     assert text.startswith(f"sglang-mtp-dequant: MoE layer {MTP}: ")
     assert f"{MTP}.0.gate_proj.weight" in text and f"{MTP}.1.gate_proj.weight" in text
     assert "3 expert projection(s) FLOAT" in text and "3 W8A8_DYNAMIC" in text
-    assert "--speculative-draft-model-quantization unquant" in text
+    assert "F1 (no quantization flag) or F3 (--speculative-draft-model-quantization unquant)" in (
+        error.hint
+    )
 
 
-def test_refusal_of_a_layer_not_under_mtp_names_both_ways_out():
+def test_refusal_of_a_target_layer_names_the_re_export():
     layer = "model.layers.3.mlp.experts"
     precision = described.ExpertPrecision(layer, _experts({0: "FLOAT", 1: "W8A8"}, layer))
-    hint = float_layers.refusal(precision).hint
-    assert "--speculative-draft-model-quantization unquant" in hint and "re-export" in hint
+    hint = float_layers.refusal(precision, is_draft=False).hint
+    assert "re-export" in hint and "unquant" not in hint
+
+
+# -- which layers are the draft's: the MTP classes' and the NextN layer's ---------------------
+
+NEXTN = "model.layers.2.mlp.experts"
+
+
+def _nextn_description() -> dict:
+    """A NextN export's description as msmodelslim writes it: target layers 0 and 1, the NextN
+    draft layer 2 after them (``num_hidden_layers`` = 2)."""
+    made = {f"model.layers.{i}.self_attn.q_a_proj.weight": "W8A8" for i in range(3)}
+    return {**made, **_experts({0: "FLOAT", 1: "FLOAT"}, NEXTN), "model.norm.weight": "FLOAT"}
+
+
+def test_the_nextn_layer_is_the_highest_listed_and_the_draft_s():
+    made = _nextn_description()
+    assert described.nextn_layer_of(made) == "model.layers.2"
+    is_draft = described.draft_layers(made)
+    assert is_draft(f"{NEXTN}.0.up_proj.weight") and is_draft("model.decoder.mlp.experts")
+    assert not is_draft("model.layers.1.self_attn.q_a_proj.weight")
+    assert not is_draft("model.layers.20.mlp.experts")  # a prefix of another index is not it
+
+
+def test_an_mtp_description_has_no_nextn_layer_and_its_draft_is_mtp():
+    made = description_of("moe_float_experts")
+    assert described.nextn_layer_of(made) is None
+    is_draft = described.draft_layers(made)
+    assert is_draft(f"{MTP}.0.up_proj.weight") and not is_draft("model.layers.3.mlp.experts")
+
+
+def test_sglangs_nextn_decoder_is_looked_up_under_the_checkpoint_name():
+    """sglang builds the NextN layer as ``model.decoder`` (off the NPU's one-folder naming) and
+    its loader maps ``model.layers.<n>`` there: the description says it under the latter."""
+    made = _nextn_description()
+    assert described.described_as(made, "model.decoder.mlp.experts") == NEXTN
+    assert described.described_as(made, NEXTN) == NEXTN
+    assert described.described_as(made, "model.decoderx.mlp") == "model.decoderx.mlp"
+    assert described.described_as(description_of("w8a8"), "model.decoder.mlp") == (
+        "model.decoder.mlp"
+    )
+
+
+def test_the_nextn_layer_with_float_experts_is_not_the_targets_stop():
+    """Issue 48: layer 2 of a GLM-5 export whose NextN layer is FLOAT was called the target's."""
+    made = _nextn_description()
+    plan = described.moe_layer_plan(made)
+    assert plan.built_unquantized == (NEXTN,)
+    assert plan.target_stops(described.draft_layers(made)) == ()
+    assert plan.target_stops(lambda name: name.startswith("mtp.")) == (NEXTN,)  # the old rule
+    experts = description_of("moe_float_experts")
+    stops = described.moe_layer_plan(experts).target_stops(described.draft_layers(experts))
+    assert stops == tuple(f"model.layers.{i}.mlp.experts" for i in range(4))

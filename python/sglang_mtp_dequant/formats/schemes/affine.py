@@ -7,9 +7,7 @@ Usage::
     w = decoder.decompress(codes, torch.bfloat16)
 
 ``dequantize`` is the one pure function every scheme ends in; ``AffineDecoder`` holds what one
-weight needs (its checked fp32 scale and offset, how to unpack its codes, its logical shape) and
-calls it. msmodelslim quantized with ``q = clamp(round(w / scale + offset))``; float8 codes
-(``q`` already a float) use the same formula with no offset.
+weight needs (checked fp32 scale and offset, how to unpack, its shape) and calls it.
 """
 
 from __future__ import annotations
@@ -21,11 +19,8 @@ import torch
 
 from ...errors import DraftWeightError
 
-# Rows are decoded through an fp32 buffer of about this many elements (1 MiB), reused for
-# every block of rows, which stays in cache through the three passes: smaller blocks pay
-# per-operation overhead, larger ones fall out of the cache (and a 2 MiB buffer next to a
-# 2 MiB output is unmapped and mapped again by glibc on every call, page faults included).
-# Measured: benchmarks/bench_dequant.py --variants, docs/results.md.
+#: elements of the fp32 buffer rows are decoded through (1 MiB, reused: it stays in cache;
+#: measured by benchmarks/bench_dequant.py --variants, docs/results.md)
 BLOCK_ELEMENTS = 1 << 18
 
 
@@ -39,25 +34,13 @@ def dequantize(
 ) -> torch.Tensor:
     """``(codes - offset) * scale`` for a 2-D ``codes`` (rows, in), rounded once to ``dtype``.
 
-    :param codes: integer or float8 codes, (rows, in); exact in fp32
-    :param scale: fp32 (rows, groups); group ``g`` covers columns ``[g * w, (g + 1) * w)`` with
-        ``w = group_width`` (the last group may be shorter: block-scaled float8)
-    :param offset: fp32 like ``scale``, or None for zero (``q - 0`` is ``q``: no bit changes)
-    :param dtype: the draft's float dtype
-    :param out: where to write (rows, in) of ``dtype``; allocated when None
-    :return: ``out``
+    ``scale`` / ``offset`` (None: zero) are fp32 (rows, groups), group ``g`` covering columns
+    ``[g * group_width, (g + 1) * group_width)`` (the last may be shorter); ``out``: where to
+    write (allocated when None), returned.
 
-    Eager torch, three passes over each block of rows in one reused fp32 buffer: codes -> fp32
-    (exact), ``- offset`` and ``* scale`` (single IEEE fp32 operations), then one rounding to
-    ``dtype`` into the output rows; an fp32 draft is decoded straight into its output rows.
-    Nothing measured faster is as plain: an operation mixing dtypes (``torch.mul(int8, fp32,
-    out=bf16)``) converts its operands into whole temporaries first, any product taken in
-    bf16/fp16 rounds the scale, and a two-pass body (cast into the output, then scale it in
-    place in fp32 through torch's eval-mode batch-norm kernel) measured a tie while relying on
-    that kernel accepting its input as its output. What torch's kernels for these passes cost
-    against a plain cast: ``bench_dequant.py --floor``, docs/results.md.
-
-    ``test/unit/formats/test_dequantize.py`` checks it against the whole-tensor fp32 formula.
+    Eager torch, three passes over each block of rows in one reused fp32 buffer (codes to fp32,
+    ``- offset`` and ``* scale``, one rounding into the output); nothing measured faster is as
+    plain (``bench_dequant.py --floor``, docs/results.md).
     """
     rows, in_features = codes.shape
     if out is None:
@@ -68,8 +51,7 @@ def dequantize(
     full = min(groups, in_features // group_width) if group_width else 0
     step = max(1, BLOCK_ELEMENTS // max(1, in_features))
     direct = dtype == torch.float32
-    # one fp32 buffer for every block: no allocation (and no page faults) inside the loop; the
-    # same size for every tensor, so the C allocator hands the same memory back each time
+    # one buffer, the same size for every tensor: no allocation inside the loop
     buffer: torch.Tensor | None = None
     if not direct:
         flat = torch.empty(max(BLOCK_ELEMENTS, in_features), dtype=torch.float32)
@@ -119,12 +101,8 @@ def _affine_in_place(
 
 @dataclass(frozen=True)
 class AffineDecoder:
-    """One weight's decoding: ``w = (q - offset) * scale`` per row or per group of a row.
-
-    ``scale``/``offset`` are fp32 (rows, groups), rows counting every leading dimension;
-    ``offset`` is None when it is all zeros. ``unpack`` turns the stored codes into one code
-    per weight (int4 layouts); ``shape`` is the logical weight shape the decoder produces.
-    """
+    """One weight's decoding: ``scale``/``offset`` fp32 (rows, groups) (``offset`` None when
+    all zero), ``unpack`` one code per weight from the stored codes, ``shape`` the weight's."""
 
     tensor: str
     file: str
@@ -141,12 +119,9 @@ class AffineDecoder:
     def decompress(
         self, codes: torch.Tensor, dtype: torch.dtype, only: Sequence[int] | None = None
     ) -> torch.Tensor:
-        """The float weight, rounded once to ``dtype``.
-
-        ``only``: for a weight with a leading expert dimension (fused experts), decode just
-        these experts; the others are NaN, which no loader may keep (the guard refuses
-        non-finite parameters), since sglang drops them on this rank.
-        """
+        """The float weight, rounded once to ``dtype``; ``only``: decode just these experts
+        of fused experts (the others NaN: sglang drops them on this rank, the guard refuses
+        any it kept)."""
         if codes.is_meta:  # a dry run (the doctor): shapes only
             return torch.empty(self.shape, dtype=dtype, device="meta")
         q = self.unpack(codes) if self.unpack is not None else codes

@@ -32,6 +32,11 @@ REEXPORT = "re-export the checkpoint with msmodelslim, or serve the draft quanti
 FLOAT_STORAGE = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def refused(weight: TensorInfo, problem: str, hint: str = REEXPORT) -> DraftWeightError:
+    """The error refusing draft tensor ``weight``: what is wrong, and what to do."""
+    return DraftWeightError(tensor=weight.name, file=weight.file, problem=problem, hint=hint)
+
+
 class Scheme(ABC):
     """One quantization scheme: the companions it reads and how to build a weight's decoder."""
 
@@ -50,26 +55,23 @@ class Scheme(ABC):
         """Refuse codes or companions stored as a dtype the scheme does not define, from the
         headers alone: an integer scale would decode to weights thousands of times too big."""
         if weight.dtype not in self.code_dtypes or len(weight.shape) < 2:
-            raise DraftWeightError(
-                tensor=weight.name,
-                file=weight.file,
-                problem=(
+            raise refused(
+                weight,
+                (
                     f"{self.name} expects a >=2-D {_names(self.code_dtypes)} weight, found "
                     f"{weight.dtype_name}{list(weight.shape)}"
                 ),
-                hint=REEXPORT,
             )
         for suffix, info in companions.items():
             allowed = self.companions.get(suffix)
             if allowed is not None and info.dtype not in allowed:
-                raise DraftWeightError(
-                    tensor=info.name,
-                    file=info.file,
-                    problem=(
+                raise refused(
+                    info,
+                    (
                         f"is stored as {info.dtype_name}, but {self.name} defines {suffix} as "
                         f"{_names(allowed)} (the companion of {weight.name})"
                     ),
-                    hint=f"the checkpoint is corrupt or not a {self.name} export: {REEXPORT}",
+                    f"the checkpoint is corrupt or not a {self.name} export: {REEXPORT}",
                 )
 
     @abstractmethod
@@ -80,19 +82,13 @@ class Scheme(ABC):
         group_size: int,
         format_version: str | None = None,
     ) -> AffineDecoder:
-        """Check the companion values against the weight's header and build its decoder.
-
-        ``values`` are the companions the scheme reads (suffix -> tensor), already checked by
-        ``check_storage``; ``group_size`` and ``format_version`` are the description's global
-        ``group_size`` and ``version`` (int4 packing differs between versions).
-        """
+        """Check the companion ``values`` (suffix -> tensor) against the weight's header and
+        build its decoder; ``group_size`` and ``format_version`` are the description's."""
 
     @classmethod
     def claims(cls, weight: TensorInfo, suffixes: frozenset[str]) -> bool:
-        """Whether a weight the description does not type is this scheme's, from its storage
-        dtype and the companions beside it. The rules of the schemes are disjoint, so the
-        answer never depends on the order schemes registered in (``infer_type`` also drops a
-        claim whose weight or companions are stored as the scheme does not define)."""
+        """Whether a weight the description does not type is this scheme's, from its dtype
+        and companions (the schemes' rules are disjoint)."""
         return False
 
     def stores(self, weight: TensorInfo, companions: Mapping[str, TensorInfo]) -> bool:
@@ -119,12 +115,8 @@ _REGISTRY: dict[str, Scheme] = {}
 
 
 def register_scheme(cls: type[Scheme]) -> type[Scheme]:
-    """Class decorator: make an instance of ``cls`` the decoder for each of its types.
-
-    Raises:
-        ValueError: a type is registered already (two decoders for one description type would
-            make the one that wins depend on import order).
-    """
+    """Class decorator: make an instance of ``cls`` the decoder for each of its types (a type
+    registered twice raises ``ValueError``: the winner would depend on import order)."""
     instance = cls()
     for type_name in cls.types:
         taken = _REGISTRY.get(type_name)
@@ -148,14 +140,9 @@ def known_types() -> tuple[str, ...]:
 def infer_type(
     weight: TensorInfo, companions: Mapping[str, TensorInfo] | set[str] | frozenset[str]
 ) -> str | None:
-    """The type of a code-holding weight the description does not list (or lists as FLOAT),
-    when exactly one scheme claims it.
-
-    ``companions`` maps suffix -> header of each companion beside the weight; given as
-    headers, a claim whose storage the scheme does not define is dropped (float8 with an
-    f32 ``weight_scale`` is scaled FP8, with a uint8 one MXFP8), unless no claim fits its
-    storage. Bare suffixes are judged by the claims alone.
-    """
+    """The type of a code-holding weight the description does not type, when exactly one scheme
+    claims it; ``companions`` given as headers drop a claim whose storage the scheme does not
+    define (float8 with an f32 ``weight_scale`` is FP8, with a uint8 one MXFP8)."""
     suffixes = frozenset(companions)
     claimed = [s for s in _REGISTRY.values() if s.claims(weight, suffixes)]
     if isinstance(companions, Mapping):
@@ -167,19 +154,15 @@ def infer_type(
     return names.pop() if len(names) == 1 else None
 
 
-# -- checks shared by the schemes ----------------------------------------------------------
-
-
 def require(
     weight: TensorInfo, values: Mapping[str, torch.Tensor], suffix: str, scheme: str
 ) -> torch.Tensor:
     if suffix not in values:
         base = weight.name.rsplit(".", 1)[0]
-        raise DraftWeightError(
-            tensor=weight.name,
-            file=weight.file,
-            problem=f"is {scheme} (codes) but the checkpoint has no {base}.{suffix}",
-            hint=f"the checkpoint is incomplete: {REEXPORT}",
+        raise refused(
+            weight,
+            f"is {scheme} (codes) but the checkpoint has no {base}.{suffix}",
+            f"the checkpoint is incomplete: {REEXPORT}",
         )
     return values[suffix]
 
@@ -191,12 +174,8 @@ def per_row_groups(
     what: str,
     group_size: int,
 ) -> torch.Tensor:
-    """Reshape a scale/offset to fp32 (rows, groups) for a weight of logical ``shape``.
-
-    Accepted: one value per row ((…, out), (…, out, 1)) or one per contiguous group along
-    ``in`` ((…, out, in/G)). Anything else would broadcast into a wrong weight, so it is an
-    error.
-    """
+    """Reshape a scale/offset to fp32 (rows, groups) for a weight of logical ``shape``: one
+    value per row or per contiguous group along ``in``; anything else is an error."""
     rows = math.prod(shape[:-1])
     in_features = shape[-1]
     lead = tuple(values.shape)
@@ -210,47 +189,37 @@ def per_row_groups(
     else:
         groups = 0
     if groups == 0 or values.numel() != rows * groups:
-        raise DraftWeightError(
-            tensor=weight.name,
-            file=weight.file,
-            problem=(
+        raise refused(
+            weight,
+            (
                 f"{what} has shape {list(values.shape)}, which fits neither per-channel "
                 f"({list(shape[:-1])} or {list(shape[:-1]) + [1]}) nor per-group "
                 f"({list(shape[:-1]) + ['in/G']}) for the weight of shape {list(shape)}"
             ),
-            hint=REEXPORT,
         )
     if groups > 1 and group_size and in_features // groups != group_size:
-        raise DraftWeightError(
-            tensor=weight.name,
-            file=weight.file,
-            problem=(
+        raise refused(
+            weight,
+            (
                 f"{what} has {groups} groups per row (group width {in_features // groups}), "
                 f"but quant_model_description.json says group_size {group_size}"
             ),
-            hint=REEXPORT,
         )
     return finite(weight, values.to(torch.float32).reshape(rows, groups), what)
 
 
 def finite(weight: TensorInfo, values: torch.Tensor, what: str) -> torch.Tensor:
     if not bool(torch.isfinite(values).all()):
-        raise DraftWeightError(
-            tensor=weight.name,
-            file=weight.file,
-            problem=f"{what} holds NaN or inf",
-            hint=f"the checkpoint is corrupt: {REEXPORT}",
-        )
+        raise refused(weight, f"{what} holds NaN or inf", f"the checkpoint is corrupt: {REEXPORT}")
     return values
 
 
 def positive(weight: TensorInfo, values: torch.Tensor, what: str) -> torch.Tensor:
     if not bool((values > 0).all()):
-        raise DraftWeightError(
-            tensor=weight.name,
-            file=weight.file,
-            problem=f"{what} holds values <= 0 (min {values.min().item():.6g})",
-            hint=f"a quantization scale is always positive; the checkpoint is corrupt: {REEXPORT}",
+        raise refused(
+            weight,
+            f"{what} holds values <= 0 (min {values.min().item():.6g})",
+            f"a quantization scale is always positive; the checkpoint is corrupt: {REEXPORT}",
         )
     return values
 
@@ -273,14 +242,12 @@ def scale_and_offset(
         return scale, None
     offset = per_row_groups(weight, shape, values["weight_offset"], "weight_offset", group_size)
     if offset.shape != scale.shape:
-        raise DraftWeightError(
-            tensor=weight.name,
-            file=weight.file,
-            problem=(
+        raise refused(
+            weight,
+            (
                 f"weight_offset has shape {list(values['weight_offset'].shape)} "
                 f"but weight_scale has {list(raw_scale.shape)}"
             ),
-            hint=REEXPORT,
         )
     return scale, nonzero_or_none(offset)
 
@@ -293,10 +260,7 @@ def block_size_for(length: int, blocks: int) -> int | None:
     """The power-of-two block size that cuts ``length`` into ``blocks`` blocks, the last one
     possibly shorter (``blocks == 1``: the whole length), or None if none does.
 
-    Every size in ``[ceil(length / blocks), ceil(length / (blocks - 1)))`` gives ``blocks``
-    blocks; that range holds at most one power of two when ``blocks >= 2``, so the answer is
-    unique. Used where a checkpoint stores block scales without their block size (float8
-    ``weight_scale_inv``, MXFP4 dual scales).
+    Unique: the sizes giving ``blocks`` blocks hold at most one power of two.
     """
     if blocks < 1 or length < 1:
         return None

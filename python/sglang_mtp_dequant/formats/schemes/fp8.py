@@ -7,17 +7,10 @@ Usage::
     decoder = scheme.prepare(info, {"weight_scale_inv": s}, group_size=0)
     w = decoder.decompress(fp8_codes, torch.bfloat16)        # fp8 * scale, one rounding
 
-DeepSeek-V3/GLM FP8 checkpoints store ``X.weight`` as float8_e4m3fn and ``X.weight_scale_inv``
-as f32 with one value per block of 128 x 128 (``quantization_config.weight_block_size``),
-the last block of a dimension that 128 does not divide being shorter (sglang's
-``block_quant_dequant``). Other FP8 exports store one ``weight_scale`` per tensor or per output
-channel. Either way ``w = q * scale``. When sglang builds such a draft unquantized, its
-loaders copy the float8 values themselves (up to 448) into the bf16 parameters: the same
-silent misload as int8 codes, which this scheme prevents.
-
-No description names the first two types (they are not ModelSlim's): a float8 weight is
-recognised by its dtype and the companion beside it. ModelSlim's WFP8AFP8_DYNAMIC is named by
-its description and decodes like the per-channel form.
+DeepSeek-V3/GLM FP8 checkpoints keep one f32 ``weight_scale_inv`` per 128 x 128 block (the
+last one shorter, as sglang's ``block_quant_dequant``), other FP8 exports one ``weight_scale`` per
+tensor or channel: ``w = q * scale``. Those two are recognised by dtype and companion (no
+description names them); ModelSlim's WFP8AFP8_DYNAMIC by its description.
 """
 
 from __future__ import annotations
@@ -37,6 +30,7 @@ from .base import (
     finite,
     per_row_groups,
     positive,
+    refused,
     register_scheme,
 )
 
@@ -126,11 +120,8 @@ class Wfp8Afp8Dynamic(Scheme):
     """WFP8AFP8_DYNAMIC (ModelSlim): float8_e4m3fn codes (out, in), ``weight_scale`` f32 per
     output channel (out, 1), ``weight_offset`` zeros (out, 1).
 
-    msmodelslim 26.1.0 ``ascendv1.py`` ``on_wfp8afp8_dynamic_per_channel`` writes exactly this
-    (symmetric per-channel minmax, ``scale = amax / 448``); ``w = q * weight_scale``. The zero
-    offset is consumed; a nonzero one is refused, as for W4A8_DYNAMIC: the saver never writes
-    one and no reader applies it. Without a description this weight is scaled FP8's (the same
-    decode).
+    As msmodelslim 26.1.0 writes it (``on_wfp8afp8_dynamic_per_channel``): ``w = q *
+    weight_scale``; a nonzero offset is refused (the saver never writes one, no reader applies it).
     """
 
     types = ("WFP8AFP8_DYNAMIC",)
@@ -154,16 +145,15 @@ class Wfp8Afp8Dynamic(Scheme):
             )
         offset = values.get("weight_offset")
         if offset is not None and bool(offset.to(torch.float32).any()):
-            raise DraftWeightError(
-                tensor=weight.name,
-                file=weight.file,
-                problem=(
+            raise refused(
+                weight,
+                (
                     "WFP8AFP8_DYNAMIC with a nonzero weight_offset (max |offset| "
                     f"{offset.to(torch.float32).abs().max().item():.6g}): msmodelslim writes "
                     "this scheme symmetric and no known reader applies the offset, so its "
                     "meaning is unknown"
                 ),
-                hint=REEXPORT_FP8,
+                REEXPORT_FP8,
             )
         scale = positive(
             weight, per_row_groups(weight, shape, raw, "weight_scale", 0), "weight_scale"
@@ -173,11 +163,8 @@ class Wfp8Afp8Dynamic(Scheme):
 
 def _block_error(weight: TensorInfo, scale: torch.Tensor | None, why: str) -> DraftWeightError:
     got = "missing" if scale is None else f"of shape {list(scale.shape)}"
-    return DraftWeightError(
-        tensor=weight.name,
-        file=weight.file,
-        problem=(
-            f"is {weight.dtype_name}{list(weight.shape)} codes, and its scale is {got} ({why})"
-        ),
-        hint=REEXPORT_FP8,
+    return refused(
+        weight,
+        (f"is {weight.dtype_name}{list(weight.shape)} codes, and its scale is {got} ({why})"),
+        REEXPORT_FP8,
     )

@@ -7,15 +7,9 @@ Usage::
     decoder = scheme.prepare(info, {"weight_scale": s, "weight_offset": o}, group_size=0)
     w = decoder.decompress(packed_int8, torch.bfloat16)     # (out, in) from (out/2, in)
 
-int4 codes travel two to an int8 byte (``unpack_int4``) or one a byte. Which axis the pairs
-run along depends on the scheme, so the scale's shape (one row per output channel) and, where
-shapes alone cannot tell, the description's ``version`` decide. The layout of each scheme,
-and the msmodelslim functions that write it: docs/layouts.md, "Schemes" and "int4 packing";
-each scheme's arithmetic is on its class. Every rule is checked against the tool's own output
-in ``test/integration/test_int4.py``.
-
-Memory: unpacking makes one int8 copy of one tensor (int16 for the two-stage form, see
-``_TwoStageCodes``); the fp32 work stays in ``AffineDecoder``'s row blocks.
+int4 codes travel two to an int8 byte (``unpack_int4``) or one a byte; the scale's shape and,
+where shapes cannot tell, the description's ``version`` decide the axis (docs/layouts.md, "int4
+packing"; checked on msmodelslim's output in ``test/integration/test_int4.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +28,7 @@ from .base import (
     Scheme,
     per_row_groups,
     positive,
+    refused,
     register_scheme,
     require,
     scale_and_offset,
@@ -48,11 +43,8 @@ OUT_AXIS, IN_AXIS = -2, -1
 
 
 def unpack_int4(codes: torch.Tensor, axis: int) -> torch.Tensor:
-    """int8 bytes holding two int4 codes -> one int8 per code, pairs running along ``axis``.
-
-    ``axis`` is ``-2`` (pairs of output rows) or ``-1`` (pairs of input columns). The low nibble
-    is the first of each pair; both nibbles are sign-extended (int8 shifts are arithmetic).
-    """
+    """int8 bytes holding two int4 codes -> one int8 per code, pairs along ``axis`` (-2 rows,
+    -1 columns), the low nibble first, both sign-extended."""
     low = torch.bitwise_right_shift(torch.bitwise_left_shift(codes, 4), 4)
     high = torch.bitwise_right_shift(codes, 4)
     shape = list(codes.shape)
@@ -72,11 +64,8 @@ class _PackedCodes:
 
 @dataclass(frozen=True)
 class _OneCodePerByte:
-    """``AffineDecoder.unpack`` for legacy (unpacked) int4: checks the codes really are int4.
-
-    A packed tensor mistaken for an unpacked one would otherwise decode to garbage of the
-    wrong shape; its bytes almost surely leave the int4 range, so this catches it.
-    """
+    """``AffineDecoder.unpack`` for unpacked int4: checks the codes really are int4 (a packed
+    tensor's bytes almost surely leave the range)."""
 
     tensor: str
     file: str
@@ -105,10 +94,8 @@ class _OneCodePerByte:
 class _TwoStageCodes:
     """Unpacked int4 codes times the integer second-stage scale, as exact int16.
 
-    ``(q * scale_second) * weight_scale`` is msmodelslim's order. msmodelslim's second-stage
-    scales are small integers (6..17 in the fixture), so ``q * scale_second`` fits int16
-    exactly and the decoder then applies ``weight_scale`` alone: one fp32 rounding, the same
-    as the formula.
+    msmodelslim's order, ``(q * scale_second) * weight_scale``: its small integer second stage
+    keeps the product exact, so one fp32 rounding remains.
     """
 
     inner: _PackedCodes | _OneCodePerByte
@@ -131,26 +118,22 @@ def _out_features(weight: TensorInfo, scale: torch.Tensor, scheme: str) -> int:
         return shape[-2]
     if len(shape) == ndim - 1 and shape[:-1] == lead:  # (..., out)
         return shape[-1]
-    raise DraftWeightError(
-        tensor=weight.name,
-        file=weight.file,
-        problem=(
+    raise refused(
+        weight,
+        (
             f"{scheme} weight_scale has shape {list(shape)}, which gives no output size for a "
             f"packed weight of shape {list(weight.shape)} (expected {list(lead)} + [out, 1])"
         ),
-        hint=REEXPORT,
     )
 
 
 def _layout_error(weight: TensorInfo, scheme: str, out: int, why: str) -> DraftWeightError:
-    return DraftWeightError(
-        tensor=weight.name,
-        file=weight.file,
-        problem=(
+    return refused(
+        weight,
+        (
             f"{scheme} weight of shape {list(weight.shape)} fits no int4 layout for "
             f"{out} output channels ({why})"
         ),
-        hint=REEXPORT,
     )
 
 
@@ -158,15 +141,13 @@ def _require_zero(weight: TensorInfo, companions: Mapping[str, torch.Tensor], su
     values = companions.get(suffix)
     if values is None or not bool(values.any()):
         return
-    raise DraftWeightError(
-        tensor=weight.name,
-        file=weight.file,
-        problem=(
+    raise refused(
+        weight,
+        (
             f"W4A8_DYNAMIC with a nonzero {suffix} (max |offset| "
             f"{values.abs().max().item():.6g}): msmodelslim writes this scheme symmetric and "
             "no known reader applies the offset, so its meaning is unknown"
         ),
-        hint=REEXPORT,
     )
 
 
@@ -174,13 +155,9 @@ def _require_zero(weight: TensorInfo, companions: Mapping[str, torch.Tensor], su
 class W4A8Dynamic(Scheme):
     """W4A8_DYNAMIC: int4 weights, one scale per output channel, optionally two-stage.
 
-    ``w = q * weight_scale``. The two-stage form (``weight_scale_second`` per group) first
-    quantized the weight to int8 per channel, then the int8 values to int4 per group, so
-    ``w = (q * weight_scale_second) * weight_scale``; msmodelslim computes exactly this product
-    for its ``scale_bias``. ``scale_bias`` is ``8 * sum(w)`` over column blocks, a correction
-    the NPU's int4 GEMM needs, not part of the weight: it is consumed, never applied.
-    msmodelslim writes W4A8 symmetric (zero ``weight_offset`` and ``weight_offset_second``, the
-    latter int64) and vllm-ascend ignores both; a nonzero one is refused rather than guessed at.
+    ``w = q * weight_scale``, two-stage ``w = (q * weight_scale_second) * weight_scale`` (the
+    product msmodelslim's ``scale_bias`` is computed from; that GEMM correction is consumed).
+    Symmetric: a nonzero ``weight_offset`` / ``weight_offset_second`` is refused.
     """
 
     types = ("W4A8_DYNAMIC",)
@@ -224,11 +201,8 @@ class W4A8Dynamic(Scheme):
         if "weight_scale_second" not in values:
             return AffineDecoder(weight.name, weight.file, shape, scale, None, inner)
         if scale.shape[1] != 1:
-            raise DraftWeightError(
-                tensor=weight.name,
-                file=weight.file,
-                problem="has weight_scale_second, but its weight_scale is not per channel",
-                hint=REEXPORT,
+            raise refused(
+                weight, "has weight_scale_second, but its weight_scale is not per channel"
             )
         second = positive(
             weight,
@@ -254,9 +228,8 @@ class W4A16Int4(Scheme):
     """W4A16: int4 weights with asymmetric ``weight_scale`` / ``weight_offset``:
     ``w = (q - weight_offset) * weight_scale`` (offsets are nonzero).
 
-    Per channel (out, 1) the codes pair up along ``in``; per group (out, in/G) along ``out``.
-    Only the per-channel case needs the description's ``version``: (out, in/2) packed and
-    (out, in) unpacked look alike from shapes.
+    Per channel the codes pair along ``in``, per group along ``out``; only per channel needs
+    the description's ``version`` (packed and unpacked look alike).
     """
 
     types = ("W4A16",)
@@ -298,12 +271,9 @@ class W4A4Dynamic(Scheme):
     """W4A4_DYNAMIC: int4 weights stored one code per int8 byte (out, in), with
     ``weight_scale`` and ``weight_offset`` per channel (out, 1) or per group (out, in/G).
 
-    msmodelslim 26.1.0 writes ``module.weight.to(torch.int8)`` unpacked
-    (``ascendv1.py`` ``on_w4a4_dynamic_per_channel`` / ``_per_group``), symmetric or
-    asymmetric (``int4_per_channel_asym`` / ``int4_per_group_asym``), so the offset is applied
-    (``w = (q - weight_offset) * weight_scale``) and a missing one is an error. The (out/2, in)
-    layout sglang reads under ``SGLANG_NPU_W4A4_NEW_PACKING`` is not what this saver writes,
-    and its nibble order is nowhere defined: it is refused.
+    msmodelslim 26.1.0 writes it unpacked, symmetric or not: ``w = (q - weight_offset) *
+    weight_scale``, a missing offset an error; the (out/2, in) layout (nibble order undefined)
+    is refused.
     """
 
     types = ("W4A4_DYNAMIC",)

@@ -6,15 +6,14 @@ from collections.abc import Mapping
 
 import torch
 
-from ...errors import DraftWeightError
 from ..checkpoint import TensorInfo
 from .affine import AffineDecoder
 from .base import (
     FLOAT_STORAGE,
-    REEXPORT,
     Scheme,
     per_row_groups,
     positive,
+    refused,
     register_scheme,
     require,
     scale_and_offset,
@@ -25,11 +24,8 @@ _INT4_MARKERS = frozenset({"scale_bias", "weight_scale_second"})
 
 @register_scheme
 class AffineInt8(Scheme):
-    """W8A8_DYNAMIC: int8 codes, ``weight_scale`` and ``weight_offset``.
-
-    Per channel (out, 1) or per group (out, in/G). The scheme is symmetric (msmodelslim writes
-    zero offsets), so a missing ``weight_offset`` means zero.
-    """
+    """W8A8_DYNAMIC: int8 codes, ``weight_scale`` and ``weight_offset`` per channel or group
+    (symmetric: a missing offset means zero)."""
 
     types = ("W8A8_DYNAMIC",)
     companions = {"weight_scale": FLOAT_STORAGE, "weight_offset": FLOAT_STORAGE}
@@ -71,13 +67,9 @@ class AsymmetricInt8(AffineInt8):
 
 @register_scheme
 class StaticInt8(Scheme):
-    """W8A8 (static activations) and W8A8_MIX.
-
-    V1 writes no ``weight_scale``: the weight scale is ``deq_scale / input_scale``, where
-    ``deq_scale`` is f32, or the f32 bit pattern widened to int64 (reinterpreted, not cast).
-    V0 also writes ``weight_scale``/``weight_offset``, which are then used as they are.
-    ``quant_bias`` and ``input_offset`` belong to the int8 GEMM and are dropped.
-    """
+    """W8A8 (static activations) and W8A8_MIX: V1's weight scale is ``deq_scale /
+    input_scale`` (``deq_scale`` f32, or its bits widened to int64); V0's ``weight_scale`` /
+    ``weight_offset`` are used as they are. ``quant_bias``, ``input_offset``: the GEMM's."""
 
     types = ("W8A8", "W8A8_MIX")
     companions = {
@@ -107,11 +99,8 @@ class StaticInt8(Scheme):
         deq_scale = float32_bits(weight, require(weight, values, "deq_scale", "W8A8"))
         input_scale = require(weight, values, "input_scale", "W8A8").to(torch.float32)
         if input_scale.numel() != 1:
-            raise DraftWeightError(
-                tensor=weight.name,
-                file=weight.file,
-                problem=f"input_scale has shape {list(input_scale.shape)}, expected one value",
-                hint=REEXPORT,
+            raise refused(
+                weight, f"input_scale has shape {list(input_scale.shape)}, expected one value"
             )
         input_scale = positive(
             weight, per_row_groups(weight, (1, 1), input_scale, "input_scale", 0), "input_scale"
@@ -125,11 +114,8 @@ def float32_bits(weight: TensorInfo, deq_scale: torch.Tensor) -> torch.Tensor:
     """``deq_scale`` as f32: int64 storage holds the f32 bit pattern in its low 32 bits."""
     if deq_scale.dtype == torch.int64:
         if bool(((deq_scale < 0) | (deq_scale > 0xFFFFFFFF)).any()):
-            raise DraftWeightError(
-                tensor=weight.name,
-                file=weight.file,
-                problem="int64 deq_scale holds values wider than 32 bits: not an f32 bit pattern",
-                hint=REEXPORT,
+            raise refused(
+                weight, "int64 deq_scale holds values wider than 32 bits: not an f32 bit pattern"
             )
         return (deq_scale & 0xFFFFFFFF).to(torch.int32).view(torch.float32)
     return deq_scale.to(torch.float32)

@@ -7,14 +7,9 @@ Usage::
     decoder = scheme.prepare(info, {"weight_scale": e8m0_uint8}, group_size=32)
     w = decoder.decompress(packed_uint8, torch.bfloat16)     # (out, in) from (out, in/2)
 
-What msmodelslim 26.1.0 writes for each type (tensors, dtypes, shapes, the saver functions
-and the bit fields of e2m1 and E8M0): docs/layouts.md, "The MX schemes".
-
-Arithmetic: ``w = code * 2 ** (byte - 127)`` (times ``dual``), in fp32, rounded once to the
-draft's dtype. The block scale is a power of two, so ``code * 2**e`` is exact in fp32 for every
-e4m3 or e2m1 code and every exponent; for the dual form the two scales are multiplied first
-(exact too: a power of two times an f32, refused when the product would leave fp32's normal
-range), so one fp32 product and one rounding remain, the same bits as msmodelslim's order.
+What msmodelslim 26.1.0 writes for each: docs/layouts.md, "The MX schemes". Arithmetic:
+``w = code * 2 ** (byte - 127)`` (times ``dual``) in fp32, rounded once; the power-of-two scale
+is exact, and so is the dual scale times it (refused outside fp32's normal range).
 """
 
 from __future__ import annotations
@@ -48,12 +43,8 @@ _FP32_MAX, _FP32_MIN_NORMAL = torch.finfo(torch.float32).max, torch.finfo(torch.
 
 
 def e8m0_to_float32(stored: torch.Tensor) -> torch.Tensor:
-    """uint8 E8M0 exponents -> their fp32 values ``2 ** (byte - 127)``, exactly.
-
-    An E8M0 byte is an fp32 exponent field: byte ``b >= 1`` is the fp32 with bits ``b << 23``;
-    byte 0 (``2**-127``) is the fp32 subnormal with only mantissa bit 22 set. Byte 255 (NaN)
-    must be refused before.
-    """
+    """uint8 E8M0 exponents -> their fp32 values ``2 ** (byte - 127)``, exactly (byte ``b >= 1``
+    is the fp32 bits ``b << 23``, byte 0 a subnormal; 255, NaN, is refused before)."""
     bits = stored.to(torch.int32) << 23
     bits = torch.where(stored == 0, torch.full_like(bits, 1 << 22), bits)
     return bits.view(torch.float32)
@@ -69,11 +60,8 @@ _E2M1_AS_E4M3 = _e2m1_bytes()
 
 
 def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
-    """uint8 (..., in/2), two e2m1 codes a byte -> float8_e4m3fn (..., in) holding their values.
-
-    The low nibble is the even column, the high nibble the odd one. The values come out as
-    float8 (one byte each, exact), which ``dequantize`` widens to fp32 like any float8 code.
-    """
+    """uint8 (..., in/2), two e2m1 codes a byte (the low nibble the even column) ->
+    float8_e4m3fn (..., in) holding their values, exactly."""
     low = torch.bitwise_and(packed, 0x0F).to(torch.int64)
     high = torch.bitwise_right_shift(packed, 4).to(torch.int64)
     codes = torch.stack((low, high), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
@@ -95,11 +83,8 @@ def _mx_error(weight: TensorInfo, problem: str) -> DraftWeightError:
 def block_exponents(
     weight: TensorInfo, shape: tuple[int, ...], stored: torch.Tensor, scheme: str
 ) -> torch.Tensor:
-    """The checked fp32 block scales ``2 ** (byte - 127)``, (rows, ceil(in / 32)).
-
-    One E8M0 exponent per block of 32 consecutive inputs, stored ``shared_exp + 127``; the last
-    block of a row is shorter when 32 does not divide ``in``. Byte 255 is E8M0's NaN: refused.
-    """
+    """The checked fp32 block scales ``2 ** (byte - 127)``, (rows, ceil(in / 32)), one per 32
+    inputs (the last block may be shorter; byte 255, E8M0's NaN, refused)."""
     lead, in_features = tuple(shape[:-1]), shape[-1]
     blocks = -(-in_features // MX_BLOCK)
     if tuple(stored.shape) != lead + (blocks,):
@@ -253,12 +238,8 @@ class Mxfp4DualScale(Mxfp4):
     def _dual(
         self, weight: TensorInfo, shape: tuple[int, ...], values: Mapping[str, torch.Tensor]
     ) -> tuple[torch.Tensor, int]:
-        """The checked fp32 dual scales (rows, ceil(in / D)) and ``D``.
-
-        ``weight_dual_scale`` is f32 (out, ceil(in/D), 1), ``max|w| / 6`` per block of ``D``
-        inputs (512 in msmodelslim's recipes). The saver does not record ``D``: it is the power
-        of two that gives the stored number of dual blocks.
-        """
+        """The checked fp32 dual scales (rows, ceil(in / D)) and ``D``, the power of two that
+        gives the stored number of dual blocks (the saver does not record it)."""
         raw = require(weight, values, "weight_dual_scale", self.name)
         lead, in_features = tuple(shape[:-1]), shape[-1]
         dims = tuple(raw.shape)

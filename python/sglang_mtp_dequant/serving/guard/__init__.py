@@ -9,10 +9,9 @@ Usage::
 ``SGLANG_MTP_DEQUANT_GUARD`` = ``error`` (default: stop the start-up) | ``warn`` (log the same
 message once and go on) | ``off`` (skip the check).
 
-Two questions, one per module, after sglang's own loaders have stacked and scattered the
-weights: ``writes``, was every part of every draft parameter written; ``values``, do the
-written float parameters hold raw codes or NaN. ``report`` names each refused parameter, the
-checkpoint tensors that fed it (or that the draft class skipped), and what to do.
+After sglang's loaders ran: ``writes``, was every part of every parameter written; ``values``,
+do float parameters hold raw codes or NaN; ``report``, each refused parameter, its sources, what
+to do.
 """
 
 from __future__ import annotations
@@ -92,14 +91,8 @@ def inspect_parameters(
 
 
 def check_loaded_draft(model: torch.nn.Module, load: DraftLoadRecord) -> list[Finding]:
-    """Run both checks on a draft sglang just loaded; raise, warn or pass per the mode.
-
-    Silent when nothing is found.
-
-    ``writes`` asks for every q/k/v shard and every expert this rank keeps; the parameters the draft
-    takes from the target afterwards (embedding, lm_head) are declared per draft class
-    (``drafts.py``), not guessed. ``values`` looks for integer, float8 or fp4 codes, and NaN.
-    """
+    """Run both checks on a draft sglang just loaded; raise, warn or pass (silently) per the
+    mode. What the draft takes from the target afterwards is its class's (``drafts.py``)."""
     mode = guard_mode()
     if mode == "off":
         return []

@@ -5,11 +5,9 @@ Usage::
     evidence = code_evidence(param)     # None for ordinary float weights
     evidence.describe()                 # "rows 0-383 of 384 are all integers (absmax 127, ...)"
 
-Why values: the plan and the stream decide from names, dtypes and the description, and a
-checkpoint can lie to all three (codes stored in a bf16 tensor, a description that says FLOAT,
-names this package does not know, an upstream fix that half worked). Parameters cannot lie:
-codes copied into a float parameter without their scales keep the grid of their format. The
-grids and the cost of the test, on ``code_evidence``.
+Why values: a checkpoint can lie to names, dtypes and the description the plan decides from
+(codes in a bf16 tensor, a description saying FLOAT); codes copied into a float parameter
+keep the grid of their format. The grids and the test's cost, on ``code_evidence``.
 """
 
 from __future__ import annotations
@@ -41,9 +39,8 @@ class CodeFormat:
         (a few sampled columns) asks only what every sampled value must satisfy."""
         magnitude = values.abs()
         if self.name == "integer":
-            # all finite whole numbers (frac is NaN for inf), and, over a whole row, mostly
-            # below 2**mantissa_bits of the parameter's dtype: a row of huge bf16 values is
-            # integral by representation, while half of a uint8 row's codes pass 128
+            # finite whole numbers, mostly below 2**mantissa_bits over a row (huge bf16 values
+            # are integral by representation)
             whole = (torch.frac(values) == 0).all(dim=-1)
             if not full:
                 return whole
@@ -95,25 +92,10 @@ class CodeEvidence:
 
 
 def code_evidence(tensor: torch.Tensor) -> CodeEvidence | None:
-    """Evidence that rows of a float tensor hold raw codes of some format, or None: the format
-    whose grid holds the most rows (scaled e4m3 values are integers in the rows whose values
-    are all 8 or more, and on the float8 grid in every row).
-
-    The grids:
-
-    - integer codes (int8, unpacked int4, uint8): every value a whole number, dozens of distinct
-      ones, reaching far beyond a trained weight's range (absmax 127);
-    - float8 codes (e4m3, e5m2): every value has at most 3 mantissa bits and lies in the format's
-      range; scaled exports fill that range (absmax up to 448 / 57344);
-    - fp4 codes (e2m1): every value is one of 0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6.
-
-    A trained or freshly initialised float weight is on none of these grids (its values use all of
-    bf16's 8 mantissa bits), while a norm of ones or a zero bias is on all of them but has one or
-    two distinct values, so the guard asks for enough distinct values and a large enough absmax.
-
-    Cost: ordinary float rows are rejected from a few sampled columns each; rows whose samples are
-    all on a grid are read in full until the evidence is conclusive (the first block of about 4 M
-    values), and the rest of them are reported from their samples (``benchmarks/bench_guard.py``).
+    """Evidence that rows of a float tensor hold raw codes of some format (the one whose grid
+    holds the most rows: integers, float8, fp4), or None. A float weight is on none of them; a
+    norm of ones is on all, hence the distinct values and absmax asked for. Float rows are
+    rejected from a few sampled columns; grid rows are read until conclusive.
     """
     found = [e for e in (grid_evidence(tensor, fmt) for fmt in FORMATS) if e is not None]
     return max(found, key=lambda e: e.row_count, default=None)
@@ -124,10 +106,8 @@ def integer_code_evidence(tensor: torch.Tensor) -> CodeEvidence | None:
 
 
 def nonfinite_rows(tensor: torch.Tensor) -> int:
-    """How many rows hold NaN or inf: never in a trained weight, always in an unwritten slot
-    that the plugin filled with NaN (experts another rank keeps). One sum finds out whether
-    there is any (NaN and inf survive a sum; a float weight never sums past the dtype's range),
-    so a healthy parameter costs one read, not a boolean copy of itself."""
+    """How many rows hold NaN or inf (never a trained weight; an unwritten slot the plugin filled
+    with NaN); one sum first, so a healthy parameter costs one read."""
     if not tensor.is_floating_point() or tensor.numel() == 0:
         return 0
     flat = tensor.detach()
@@ -138,13 +118,9 @@ def nonfinite_rows(tensor: torch.Tensor) -> int:
 
 
 def grid_evidence(tensor: torch.Tensor, fmt: CodeFormat) -> CodeEvidence | None:
-    """Evidence that rows of a float ``tensor`` hold codes of ``fmt``, or None.
-
-    A row (the last dimension; a 1-D tensor is one row) is suspect when every value in it is on
-    the format's grid. The tensor is flagged when its suspect rows together reach
-    ``fmt.min_absmax`` and hold at least ``fmt.min_distinct`` distinct values. Row-wise, so a
-    stacked parameter (qkv_proj) whose k rows hold codes while q rows hold weights is caught.
-    """
+    """Evidence that rows of a float ``tensor`` hold codes of ``fmt``, or None: the rows all
+    on its grid, when together they reach ``fmt.min_absmax`` and ``fmt.min_distinct`` values
+    (row-wise: a stacked ``qkv_proj`` whose k rows hold codes is caught)."""
     if not tensor.is_floating_point() or tensor.numel() == 0:
         return None
     flat = tensor.detach()

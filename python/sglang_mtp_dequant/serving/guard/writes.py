@@ -9,11 +9,9 @@ Usage::
     writes.skipped_names()    # draft checkpoint names that reached no parameter
     writes.fed_by["model.layers.0.qkv_proj.weight"]   # the names that wrote it
 
-Why: sglang's draft ``load_weights`` skip names they do not know (a log line at best, nothing
-at worst) and never check that every parameter was written, so a checkpoint missing one
-projection, one expert or ``mtp.fc``, or naming one the class does not expect, starts a
-server whose draft holds uninitialised memory. How a write is told to its parameter and to
-its checkpoint tensor, and what a part is, on ``WriteRecorder``.
+Why: sglang's draft ``load_weights`` skip names they do not know and never check that every
+parameter was written, so a checkpoint missing one projection, one expert or ``mtp.fc`` starts
+a server whose draft holds uninitialised memory. How a write is credited, on ``WriteRecorder``.
 """
 
 from __future__ import annotations
@@ -32,16 +30,11 @@ Item = TypeVar("Item")
 #: what one recorder does with one call of a parameter's loader: (args, kwargs, source name)
 Listener = Callable[[tuple, dict, str | None], None]
 
-#: checkpoint tensors sglang's loaders hold back and write concatenated into one parameter, in
-#: one loader call made while the last of them is processed (sglang 0.5.23
-#: ``deepseek_weight_loader.py``, ``glm4_moe_lite.py``, ``glm5_next.py``): the parameter's
-#: token -> the checkpoint tokens concatenated into it. A write credited to one is theirs all.
+#: parameter token -> the checkpoint tokens sglang 0.5.23's loaders write concatenated into it
+#: in one call (a write credited to one is theirs all)
 CONCATENATED = {"fused_qkv_a_proj_with_mqa": ("q_a_proj", "kv_a_proj_with_mqa")}
-#: parameters sglang writes without calling their ``weight_loader`` (``param.data[...].copy_``):
-#: the parameter's token -> the checkpoint tokens whose ``weight`` fills a part of it. sglang
-#: 0.5.23's only one: ``deepseek_weight_loader._load_fused_indexer_wk`` copies the DSA indexer's
-#: ``wk`` and ``weights_proj`` into the rows of ``wk_weights_proj`` (built on CUDA only:
-#: ``dsa_indexer.use_dsa_indexer_fusion``), for DeepSeek-V3.2 and GLM-5 NextN drafts
+#: parameter token -> the checkpoint tokens sglang copies into it without its ``weight_loader``
+#: (0.5.23's DSA indexer ``wk_weights_proj``, on CUDA)
 WRITTEN_WITHOUT_LOADER = {"wk_weights_proj": ("wk", "weights_proj")}
 
 
@@ -82,30 +75,10 @@ class _Credited(functools.partial):
 class WriteRecorder:
     """Records every write sglang's loaders make into the draft's parameters, for one load.
 
-    Which parameter: the one whose ``weight_loader`` sglang called. Each draft parameter's
-    ``weight_loader`` attribute is replaced for the length of the load (one is set on parameters
-    that lack it, since sglang's loaders call ``getattr(param, "weight_loader",
-    default_weight_loader)``) and restored exactly afterwards; the replacement calls the original
-    with the same arguments and returns its result.
-
-    Which checkpoint tensor: the one sglang was processing when it read that attribute. The stream
-    tells the recorder each draft name it hands sglang (``on_streamed``), and every parameter's
-    attribute is then a loader bound to that name, until the next draft name arrives or the
-    stream ends (``follow``). sglang reads a parameter's loader in the loop body of the name it
-    maps to the parameter, so a call credits that name wherever it runs: DeepSeek's NextN submits
-    its calls to a thread pool and they run later, still bound to their names.
-    Writes sglang makes otherwise are sglang 0.5.23's, handled by name and listed:
-    ``CONCATENATED`` (a write made while the last of its parts is processed) and
-    ``WRITTEN_WITHOUT_LOADER``.
-
-    What a part is:
-
-    - a stacked linear (``qkv_proj``: shards ``q``/``k``/``v``; ``gate_up_proj``: 0/1; any
-      ``MergedColumnParallelLinear``: one per output size); a call without a shard id writes all;
-    - a FusedMoE parameter: one per (local expert, shard) this rank keeps, asked of the layer's own
-      mapping (a call for an expert another rank keeps writes nothing: the loader returns early);
-    - a ``WRITTEN_WITHOUT_LOADER`` parameter: one per checkpoint tensor copied into it;
-    - anything else: the whole parameter.
+    The parameter: the one whose (temporarily replaced) ``weight_loader`` sglang called. The
+    checkpoint tensor: the draft name the stream handed on last when sglang read that loader
+    (``on_streamed``), so a call credits it wherever it runs. A part: a stacked linear's shard,
+    a FusedMoE parameter's (local expert, shard), else the whole parameter.
     """
 
     def __init__(self, model: torch.nn.Module, from_target: Iterable[str] = ()) -> None:
@@ -128,8 +101,6 @@ class WriteRecorder:
         self._streamed: dict[str, None] = {}
         self._fed: set[str] = set()
         self._lock = threading.Lock()  # DeepSeek's thread pool records concurrently
-
-    # -- installing -----------------------------------------------------------------------
 
     def __enter__(self) -> WriteRecorder:
         from sglang.srt.model_loader.weight_utils import default_weight_loader
@@ -158,8 +129,6 @@ class WriteRecorder:
         self._undo.clear()
         self._credit_written_without_loader()
 
-    # -- following the stream -----------------------------------------------------------------
-
     def on_streamed(self, name: str, tensor: torch.Tensor) -> None:
         """The stream hands draft tensor ``name`` to sglang: every loader sglang reads from now
         until the next draft name (or the end of a followed stream) credits ``name``.
@@ -170,9 +139,8 @@ class WriteRecorder:
             tap.attributes[tap.slot] = _Credited(tap.call, name)
 
     def follow(self, weights: Iterable[Item]) -> Iterator[Item]:
-        """``weights`` unchanged, the loaders unbound when sglang has read the last tensor: a
-        loader read afterwards is no name's (DeepSeek's loader reads the whole stream first when
-        it requantizes NVFP4 checkpoints, ``_maybe_quant_weights_to_fp8_ue8m0``)."""
+        """``weights`` unchanged, the loaders unbound when sglang has read the last tensor (a
+        loader read afterwards is no name's)."""
         yield from weights
         for tap in self._taps:
             tap.attributes[tap.slot] = tap.unbound
@@ -182,9 +150,8 @@ class WriteRecorder:
         weights: Iterable[tuple[str, torch.Tensor]],
         is_draft: Callable[[str], bool] = lambda name: True,
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """``weights`` unchanged, each draft name told to the recorder as sglang pulls it (what
-        the plugin's stream does through ``on_streamed``), for loads that feed sglang a plain
-        stream: the CLI's dry run and ``verify``."""
+        """``weights`` unchanged, each draft name told to the recorder as sglang pulls it, for
+        loads fed a plain stream (the CLI's dry run, ``verify``)."""
         for name, tensor in weights:
             if is_draft(name):
                 self.on_streamed(name, tensor)
@@ -214,9 +181,8 @@ class WriteRecorder:
 
     def _credit_written_without_loader(self) -> None:
         """``WRITTEN_WITHOUT_LOADER``: a streamed name no loader took, ``...<module>.<part>.<x>``,
-        fed the draft's one parameter ``...<module>.<token>.weight`` (a NextN draft has one
-        layer, so one); its part is written when ``<x>`` is ``weight`` (the rest are its scales).
-        Two such parameters would both stay unwritten: no name tells them apart."""
+        fed the draft's one parameter ``...<module>.<token>.weight``; its part is written when
+        ``<x>`` is ``weight``."""
         for token, parts in WRITTEN_WITHOUT_LOADER.items():
             targets = [n for n in self.params if n.split(".")[-2:] == [token, "weight"]]
             if len(targets) != 1:
@@ -230,8 +196,6 @@ class WriteRecorder:
                     self._credit(target, source)
                     if tokens[-1] == "weight":
                         self.written[target].add(("copied", tokens[-2]))
-
-    # -- the answer -------------------------------------------------------------------------
 
     def unwritten(self) -> dict[str, str]:
         """parameter -> which of its parts no loader wrote (parameters fully written omitted)."""
@@ -259,15 +223,9 @@ class WriteRecorder:
 
 
 def optional_parameters(model: torch.nn.Module) -> set[str]:
-    """Parameters sglang builds with their final value that a correct checkpoint may lack.
-
-    When the target's ModelSlim description lists any ``norm.bias`` (static W8A8 with
-    anti-outlier), sglang's ``ModelSlimConfig`` patches ``RMSNorm.__init__`` for the whole
-    process (``modelslim.npu_wrapper_rmsnorm_init``): every RMSNorm built afterwards, the
-    unquantized draft's included, gets a zero ``bias`` and ``ignore_anti = True``. Only the
-    norms the anti-outlier pass touched have a bias in the checkpoint; the others keep zero,
-    which is what a norm without one computes.
-    """
+    """Parameters sglang builds with their final value that a correct checkpoint may lack: a
+    description listing any ``norm.bias`` makes ``ModelSlimConfig`` give every RMSNorm built
+    afterwards a zero ``bias``, and only the norms the anti-outlier pass touched have one stored."""
     return {
         f"{name}.bias" if name else "bias"
         for name, module in model.named_modules()

@@ -8,14 +8,10 @@ Usage::
     print(json.dumps(report.to_json()))     # {"schema_version": SCHEMA_VERSION, "verdict": ...}
     sys.exit(0 if report.verdict == "ok" else 1)
 
-Why it exists: the bug this package fixes is silent (stock sglang serves raw int8 codes and
-logs nothing), so an operator needs a way to ask, before starting a server, "will this
-checkpoint's draft load correctly?". The doctor answers with the very decisions the plugin
-will take at load time, on the files sglang would stream. Split as ``verify/`` is:
-
-- ``model.py``: the result (``Diagnosis``, one ``TensorRow`` per draft tensor, the JSON form);
-- ``analysis.py``: ``diagnose``, which fills it (resolution, plan, stock behaviour, dry run);
-- ``render.py``: the text table and verdict line.
+Why: the bug this package fixes is silent, so an operator asks before starting a server "will
+this draft load correctly, and in which launch form?"; the doctor answers with the plugin's own
+decisions. ``model.py`` the result, ``analysis.py`` ``diagnose``, ``form_table.py`` every launch
+form, ``render.py`` the text.
 """
 
 from .analysis import diagnose

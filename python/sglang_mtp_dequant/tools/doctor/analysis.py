@@ -1,22 +1,22 @@
-"""What the doctor finds: ``diagnose`` fills a ``Diagnosis`` for one checkpoint path (usage, on
-the package).
+"""What the doctor finds: ``diagnose`` fills a ``Diagnosis`` for one checkpoint path.
 
-The very decisions the plugin will take at load time, on the files sglang would stream
-(``sources.resolve_offline``: sglang's own resolution, offline), ``Checkpoint`` + ``DequantPlan``
-(the same code), what stock sglang would do instead, and, from a dry run of sglang's own draft
-class on the meta device (``dryrun.py``), which draft parameters no checkpoint tensor will fill
-and which names the class will skip. It reads headers, ``config.json``, the description and the
-small companion tensors only (never a weight).
+The decisions the plugin takes at load time, on the files sglang would stream, by the same code
+(``Checkpoint``, ``DequantPlan``, the serving hooks); what stock sglang does instead; and, from
+a dry run of sglang's own draft class on the meta device (``dryrun.py``), which draft
+parameters no checkpoint tensor fills. It reads headers, ``config.json``, the description and
+the small companion tensors, never a weight.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from ...errors import CheckpointFormatError
+from ...errors import CheckpointFormatError, MixedPrecisionLayerError
 from ...formats.checkpoint import Checkpoint, TensorInfo, WeightSource
 from ...formats.config import CheckpointConfig
+from ...formats.description import draft_layers, moe_layer_plan
 from ...formats.naming import (
     QUAROT_FILE,
     QUAROT_FLAG,
@@ -29,7 +29,10 @@ from ...formats.naming import (
 from ...formats.plan import DequantPlan, PlannedTensor
 from ...serving.context import sglang_version
 from ...serving.drafts import DraftSpec, spec_for_architecture, spec_for_class
+from ...serving.float_layers import DRAFT_WAY_OUT as WAY_OUT
+from ...serving.float_layers import refusal
 from ...serving.narrowing import NARROW_ENV, FileChoice, choose_files, count_walk
+from ..forms import MODELSLIM, draft_quantization, form_of, why_built
 from ..preflight import check_model_path
 from ..resolve import resolve_checkpoint
 from ..target_check import report_into
@@ -49,30 +52,33 @@ def diagnose(
     launch: Launch | None = None,
     forms: bool = False,
 ) -> Diagnosis:
-    """Everything the doctor reports about ``path``; never raises on a bad checkpoint.
-
-    ``path`` is what sglang gets as ``--model-path``: a folder, a snapshot folder, or a hub id
-    in the local cache (``download_dir`` and ``revision`` as sglang's ``--download-dir`` and
-    ``--revision``). ``dry_run=False`` skips building the draft class: no parameter coverage
-    and no answer from the class's own quantization rule (the verdict is then ``unchecked``).
-    ``launch``: the user's sglang launch flags (``tools/launch.py``); None: as on NPU with the
-    draft quantization unset. ``forms`` (the CLI's default): also answer every launch form
-    (``forms.FORMS``) for
-    the same checkpoint, with the draft's memory, and recommend the cheapest that serves right.
+    """Everything the doctor reports about ``path`` (what sglang gets as ``--model-path``);
+    never raises on a bad checkpoint. ``dry_run=False`` skips building the draft class (the
+    verdict is then ``unchecked``); ``launch``: the user's sglang flags (None: as on NPU, the
+    draft quantization unset); ``forms``: also answer every launch form, with a recommendation.
     """
     from ..cpu_env import forget_stand_ins
-    from ..launch import DEFAULT_ANSWER
+    from ..launch import DEFAULT_ANSWER, default_launch
 
     forget_stand_ins()
     report = Diagnosis(requested=path)
     report.launch = launch.describe() if launch is not None else DEFAULT_ANSWER
-    if launch is not None:
-        report.notes.extend(launch.notes())
+    report.notes.extend(launch.notes() if launch is not None else [])
     source = _resolve(report, path, download_dir, revision)
     if source is None:
         return report
     config = _read_config(report)
-    spec, built = _draft_class(report, source, config, launch, dry_run)
+    spec = _draft_spec(report, config)
+    built = _build(report, source, launch) if dry_run and config is not None else None
+    if built is not None:
+        spec = spec_for_class(type(built.model))
+        report.hooked = spec is not None
+        report.hooked_by = spec.class_name if spec is not None else None
+    elif not dry_run:
+        report.unchecked.append(
+            "the dry run was skipped (--no-dry-run): how sglang builds the draft and whether "
+            "every parameter is filled"
+        )
     is_draft = _draft_names(spec, built, config)
     try:
         ckpt = Checkpoint.open(source, wanted=is_draft)
@@ -80,39 +86,67 @@ def diagnose(
     except CheckpointFormatError as exc:
         report.problems.append(str(exc))
         return report
-    _tensors(report, source, spec, built, config, ckpt, plan)
-    plain_plan = _who_decodes(report, spec, built, ckpt, is_draft)
-    _notes(report, ckpt, built)
-    if built is not None:
-        _target_layers(report, source, launch)
+    asked = _Asked(source, launch or default_launch(source.folder), config, spec, built, ckpt)
+    _tensors(report, asked, plan, is_draft)
+    plain_plan = _who_decodes(report, asked, is_draft)
+    _notes(report, asked)
+    _target(report, asked, is_draft)
     if built is not None and report.tensors:
-        _load_dry_run(report, built, ckpt, plan, plain_plan, spec)
+        _load_dry_run(report, asked, plan, plain_plan)
+    _settle_stock(report)
     if forms and dry_run:
         from .form_table import answer_every_form
 
         def for_launch(form_launch: Launch) -> Diagnosis:
-            return diagnose(
-                path, download_dir=download_dir, revision=revision, launch=form_launch, forms=False
-            )
+            return diagnose(path, download_dir=download_dir, revision=revision, launch=form_launch)
 
         answer_every_form(report, for_launch, path, launch)
     return report
 
 
-def _target_layers(report: Diagnosis, source: WeightSource, launch: Launch | None) -> None:
-    """The target of the same launch, built on meta as sglang builds it: its linear layers
-    built unquantized over quantized codes, and what the plugin does about them."""
-    from ..launch import default_launch
+@dataclass(frozen=True)
+class _Asked:
+    """One launch of one checkpoint, as the doctor found it."""
 
-    target_launch = launch or default_launch(source.folder)
-    report_into(report.notes, report.problems, source.folder, target_launch)
+    source: WeightSource
+    launch: Launch
+    config: CheckpointConfig | None
+    spec: DraftSpec | None  # the hooked class whose load_weights runs for the draft
+    built: Built | None  # sglang's draft on the meta device (None: not built)
+    ckpt: Checkpoint  # the draft's tensors
+
+
+def _target(report: Diagnosis, asked: _Asked, is_draft: NameRule) -> None:
+    """The target of the same launch: its MoE layers described with FLOAT experts (built with
+    ModelSlim in every form, stock stops there; the plugin's hook builds them unquantized, or
+    refuses them part FLOAT), and its linear layers built as sglang builds them
+    (``target_check``: unquantized over codes, and what the plugin does about them)."""
+    cells = []
+    plan = moe_layer_plan(asked.ckpt.description)
+    stops = plan.target_stops(is_draft) if asked.launch.device == "npu" else ()
+    if stops:
+        where = stops[0] + (f" and {len(stops) - 1} more MoE layer(s)" if len(stops) > 1 else "")
+        report.target_stop = (
+            f"the target's {where} described with FLOAT experts, which sglang's ModelSlim MoE "
+            "schemes lack (sglang #34211)"
+        )
+        refused = [p for p in plan.refused if p.layer in stops]
+        report.problems += [f"the plugin stops the start-up: {refusal(p, False)}" for p in refused]
+        done = "refuses it (experts part FLOAT)" if refused else "builds them unquantized"
+        cells.append(f"stock does not start at {where} (FLOAT experts), the plugin {done}")
+    if asked.built is not None:
+        check = report_into(report.notes, report.problems, asked.source.folder, asked.launch)
+        outcome = check.outcome() if check is not None else None
+        if outcome is not None:  # its layers are named in the notes: the counts here
+            report.target_garbage = outcome.stock.split(" (")[0]
+            cells.append(f"stock {report.target_garbage}, with the plugin {outcome.plugin}")
+    report.target = "; ".join(cells)
 
 
 def _resolve(
     report: Diagnosis, path: str, download_dir: str | None, revision: str | None
 ) -> WeightSource | None:
-    """The files sglang would stream for ``path`` (its own resolution, offline); None, with
-    the problem in the report, for a path that is no checkpoint."""
+    """The files sglang would stream for ``path``; None, the problem said, for no checkpoint."""
     wrong = check_model_path(path, download_dir=download_dir)
     if wrong is not None:
         report.error_kind = wrong.kind
@@ -128,42 +162,12 @@ def _resolve(
     return source
 
 
-def _draft_class(
-    report: Diagnosis,
-    source: WeightSource,
-    config: CheckpointConfig | None,
-    launch: Launch | None,
-    dry_run: bool,
-) -> tuple[DraftSpec | None, Built | None]:
-    """The hooked spec for the checkpoint's architecture and, with the dry run, the draft
-    class sglang builds (on the meta device) and the spec that hooks it."""
-    spec = _draft_spec(report, config)
-    built = _build(report, source, launch) if dry_run and config is not None else None
-    if built is not None:
-        spec = spec_for_class(type(built.model))
-        report.hooked = spec is not None
-        report.hooked_by = spec.class_name if spec is not None else None
-    elif not dry_run:
-        report.unchecked.append(
-            "the dry run was skipped (--no-dry-run): how sglang builds the draft and whether "
-            "every parameter is filled"
-        )
-    return spec, built
-
-
-def _tensors(
-    report: Diagnosis,
-    source: WeightSource,
-    spec: DraftSpec | None,
-    built: Built | None,
-    config: CheckpointConfig | None,
-    ckpt: Checkpoint,
-    plan: DequantPlan,
-) -> None:
+def _tensors(report: Diagnosis, asked: _Asked, plan: DequantPlan, is_draft: NameRule) -> None:
     """One row per draft tensor (and per companion nothing uses), what each load walks, and
     the problem of a checkpoint with no weights or no draft."""
+    ckpt = asked.ckpt
     report.description_file = ckpt.description_file
-    _draft_walk(report, source, spec, built, config)
+    _draft_walk(report, asked, is_draft)
     if not ckpt.files:
         report.problems.append(
             f"{report.folder} holds no *.safetensors file sglang would stream: no weights"
@@ -178,16 +182,11 @@ def _tensors(
         )
 
 
-def _who_decodes(
-    report: Diagnosis,
-    spec: DraftSpec | None,
-    built: Built | None,
-    ckpt: Checkpoint,
-    is_draft: NameRule,
-) -> DequantPlan | None:
+def _who_decodes(report: Diagnosis, asked: _Asked, is_draft: NameRule) -> DequantPlan | None:
     """Which codes the plugin decodes (every one of a draft built unquantized; of one built
-    quantized, its plain ``nn.Linear`` parts'), whether it is needed and active, and what stock
-    sglang would do; returns a quantized draft's plan of its plain parts."""
+    quantized, its plain parts') and whether sglang would load the plugin; returns a quantized
+    draft's plan of its plain parts."""
+    spec, built = asked.spec, asked.built
     codes = [t for t in report.tensors if t.codes and t.action != "pass"]
     report.plugin_acts = spec is not None and (built is None or built.quant_config is None)
     plain_plan = None
@@ -195,7 +194,7 @@ def _who_decodes(
         _left_to_sglang(report, built)
         codes = []
         if spec is not None:
-            plain_plan = _plain_parts(report, built, ckpt, is_draft)
+            plain_plan = _plain_parts(report, built, asked.ckpt, is_draft)
             codes = [t for t in report.tensors if t.codes and t.action != "pass"]
     if codes and spec is None:
         report.unsupported = (
@@ -204,48 +203,40 @@ def _who_decodes(
             "which this plugin does not hook (not supported yet): serve the draft quantized "
             "(--speculative-draft-model-quantization) or re-export the MTP layers as FLOAT"
         )
-    # a quantized draft needs the plugin when it decodes the codes of a plain nn.Linear part
+    # a quantized draft needs the plugin when it decodes the codes of a plain part
     _activation(report, needed=bool(codes) and (report.plugin_acts or plain_plan is not None))
-    report.stock = _stock_summary(report, codes)
-    _stock_outcome(report, codes)
     return plain_plan
 
 
 def _load_dry_run(
-    report: Diagnosis,
-    built: Built,
-    ckpt: Checkpoint,
-    plan: DequantPlan,
-    plain_plan: DequantPlan | None,
-    spec: DraftSpec | None,
+    report: Diagnosis, asked: _Asked, plan: DequantPlan, plain_plan: DequantPlan | None
 ) -> None:
-    """The load on the meta device, unless the plugin refuses tensors before it."""
-    refused = plan.errors if report.plugin_acts else (plain_plan.errors if plain_plan else [])
-    if refused:
+    """The load on the meta device, stock and through the plugin's stream, unless the plugin
+    refuses tensors before it."""
+    built = asked.built
+    assert built is not None
+    quantized = built.quant_config is not None
+    mine = plain_plan if quantized else (plan if report.plugin_acts else None)
+    if mine is not None and mine.errors:
         report.unchecked.append(
             "no dry run of the load: the plugin refuses the tensors above before sglang's "
             "loaders would see any; run the doctor again once they are fixed"
         )
-    elif built.quant_config is not None:
-        _dry_run(report, built, ckpt, plain_plan, spec, quantized=True)
-    else:
-        _dry_run(report, built, ckpt, plan if report.plugin_acts else None, spec)
+        return
+    if not report.startup_error and (quantized or (mine is not None and mine.to_dequantize)):
+        _stock_dry_run(report, built, asked.ckpt, asked.spec)
+    _dry_run(report, built, asked.ckpt, mine, asked.spec)
 
 
-def _draft_walk(
-    report: Diagnosis,
-    source: WeightSource,
-    spec: DraftSpec | None,
-    built: Built | None,
-    config: CheckpointConfig | None,
-) -> None:
+def _draft_walk(report: Diagnosis, asked: _Asked, is_draft: NameRule) -> None:
     """How many tensors and files the draft load walks, stock and with the plugin (which
     streams only the files the index says hold the draft's tensors: ``narrowing.py``)."""
+    source, spec = asked.source, asked.spec
+    keeps = is_draft
     if spec is not None:
-        keeps = spec.kept_names(built.model if built is not None else config)
+        keeps = spec.kept_names(asked.built.model if asked.built is not None else asked.config)
         choice = choose_files(source.folder, source.files, keeps)
     else:
-        keeps = _draft_names(spec, built, config)
         files = tuple(source.files)
         choice = FileChoice(source.folder, files, files, not_narrowed="the plugin hooks no class")
     try:
@@ -264,80 +255,111 @@ def _draft_walk(
 
 
 def _build(report: Diagnosis, source: WeightSource, launch: Launch | None) -> Built | None:
-    """sglang's draft on the meta device, or None (said as what could not be checked). Where
-    stock sglang cannot build it (a ModelSlim build meeting FLOAT layers), the draft as the
-    plugin builds it, or None with the plugin's refusal as a problem (``form_table``)."""
-    from ..dryrun import build_meta_draft
-    from .form_table import build_as_plugin
+    """sglang's draft on the meta device as stock sglang builds it; where stock cannot, as
+    the plugin builds it (``_built_by_the_plugin``); or None, said why."""
+    from ..dryrun import build_meta_draft, draft_architecture
 
     report.form = _form_text(launch)
     built: Built | None
     try:
         built = build_meta_draft(source.folder, launch)
-    except Exception as exc:  # noqa: BLE001 - no build, said so; the rest still stands
-        built = build_as_plugin(report, source, launch, exc)
-        if built is None and not report.problems:
-            report.dry_run = f"not run ({type(exc).__name__}: {exc})"
-            report.unchecked.append(
-                "sglang's draft class could not be built on this machine, so neither how "
-                "sglang quantizes the draft nor whether every parameter is filled was checked: "
-                f"{type(exc).__name__}: {exc}"
-            )
+    except Exception as exc:  # noqa: BLE001 - sglang's own failure, said as such
+        report.draft_class = draft_architecture(source.folder) or report.draft_class
+        built = _built_by_the_plugin(report, source, launch, exc)
         if built is None:
             return None
     _describe_build(report, built, launch)
     return built
 
 
-def _form_text(launch: Launch | None) -> str:
-    from .forms import form_of
+def _built_by_the_plugin(
+    report: Diagnosis, source: WeightSource, launch: Launch | None, exc: Exception
+) -> Built | None:
+    """Stock sglang could not build the draft (``exc``). Built with ModelSlim, that is the
+    server's start-up stop, and the draft is built again with the plugin's own hook
+    (``float_layers.builds_as_the_plugin``): built, refused, or stopped as stock is. Any other
+    build that fails here was not checked."""
+    from ...formats.description import read_description
+    from ...serving.float_layers import builds_as_the_plugin
+    from ..dryrun import build_meta_draft
 
+    error = quoted(exc)
+    if draft_quantization(*_flags(launch)) != MODELSLIM:
+        report.dry_run = f"not run ({error})"
+        report.unchecked.append(
+            "sglang's draft class could not be built on this machine, so neither how sglang "
+            f"quantizes the draft nor whether every parameter is filled was checked: {error}"
+        )
+        return None
+    report.startup_error = error
+    try:
+        built = build_meta_draft(source.folder, launch, builds_as_the_plugin)
+    except MixedPrecisionLayerError as refused:
+        report.problems.append(f"the plugin stops the start-up: {refused}")
+        return None
+    except Exception as again:  # noqa: BLE001 - sglang's own stop, with the plugin too
+        said = "as stock does" if quoted(again) == error else f"with {quoted(again)}"
+        report.problems.append(f"with the plugin too sglang stops at start-up ({said}): {WAY_OUT}")
+        return None
+    entries = read_description(source.folder).entries
+    floats = [x for x in moe_layer_plan(entries).built_unquantized if draft_layers(entries)(x)]
+    if floats:
+        report.plugin_builds = (
+            f"the plugin builds {', '.join(floats)} (described FLOAT) unquantized and loads "
+            "their floats as stored; the other layers are sglang's quantized layers"
+        )
+    return built
+
+
+def quoted(exc: BaseException) -> str:
+    """sglang's own error, as it words it."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _flags(launch: Launch | None) -> tuple[str | None, str | None]:
+    """The launch's ``--quantization`` and draft quantization flags as given."""
     namespace = launch.namespace if launch is not None else None
-    quantization = getattr(namespace, "quantization", None)
-    form = form_of(quantization, getattr(namespace, "speculative_draft_model_quantization", None))
+    return (
+        getattr(namespace, "quantization", None),
+        getattr(namespace, "speculative_draft_model_quantization", None),
+    )
+
+
+def _form_text(launch: Launch | None) -> str:
+    form = form_of(*_flags(launch))
     return f"{form.key} ({form.label})" if form is not None else "another quantization"
 
 
 def _describe_build(report: Diagnosis, built: Built, launch: Launch | None) -> None:
     """The ``built:`` line: sglang's draft quantization, where it came from, and the class."""
-    from ..draft_memory import draft_parameter_bytes
-    from .forms import why_built
+    from ..draft_memory import draft_parameter_bytes, vocab_copy_bytes
 
-    namespace = launch.namespace if launch is not None else None
-    quantization = getattr(namespace, "quantization", None)
-    given = getattr(namespace, "speculative_draft_model_quantization", None)
-    report.draft_class = built.class_name
-    report.draft_dtype = built.dtype  # what sglang's --dtype auto builds
-    report.draft_quantization = built.quantization
-    report.built_quantized = built.quant_config
+    quantization, given = _flags(launch)
+    report.draft_class, report.draft_dtype = built.class_name, built.dtype
+    report.draft_quantization, report.built_quantized = built.quantization, built.quant_config
     report.draft_bytes = draft_parameter_bytes(built.model)
+    report.vocab_bytes = vocab_copy_bytes(built.model)
     why = why_built(sglang_version(), quantization, given)
     if built.quantization and quantization is None and given is None:
         why = "config.json's quantization_config"
     picked = f"sglang's draft ModelConfig picks quantization {built.quantization!r} ({why})"
-    if built.quant_config is None:
-        report.built = (
-            f"{picked}; {built.class_name} is built unquantized: the plugin's hook acts"
-            if built.quantization is None
-            else f"{picked}; {built.class_name}'s own rule builds it unquantized: the "
-            "plugin's hook acts"
-        )
-    else:
+    if built.quant_config is not None:
         report.built = (
             f"{picked}; {built.class_name} is built quantized ({built.quant_config}): its "
             "quantized layers consume their codes; the plugin's hook keeps sglang's stream, "
-            "decodes what its plain nn.Linear parts receive and checks every write"
+            "decodes what its plain parts receive and checks every write"
         )
+    else:
+        rule = " is built" if built.quantization is None else "'s own rule builds it"
+        report.built = f"{picked}; {built.class_name}{rule} unquantized: the plugin's hook acts"
 
 
 def _plain_parts(
     report: Diagnosis, built: Built, ckpt: Checkpoint, is_draft: NameRule
 ) -> DequantPlan:
-    """A quantized draft: the plugin's plan for the tensors of its plain ``nn.Linear`` parts
-    (``fc`` / ``eh_proj``), which no quantization method reads; their rows replace the
-    'pass' rows."""
-    from dataclasses import replace
-
+    """A quantized draft: the plugin's plan for the tensors of its plain parts (``LoadSetting``'s
+    names: ``plain_parts.plain_linears`` / ``feeds_plain_linear``), which no quantization method
+    reads; their rows replace the 'pass' rows."""
     from ...serving.plain_parts import feeds_plain_linear, plain_linears
 
     linears = plain_linears(built.model)
@@ -346,36 +368,28 @@ def _plain_parts(
     rows = {entry.info.name: _row(entry) for entry in plan.entries.values()}
     for row in rows.values():
         if row.action == "dequantize":
-            row.reason += (
-                " (a plain nn.Linear of the quantized draft: no quantization method reads it)"
+            row.reason += " (a plain part of the quantized draft: no quantization method reads it)"
+            row.stock = (
+                "copies the raw codes into the float parameter, its scale dropped: silent misload"
+                if row.name.endswith(".weight")
+                else "skipped by sglang's loader (no such parameter): the parameter stays unwritten"
             )
-            row.stock = _stock_quantized(row)
-    consumed = plan.consumed
     report.tensors = [
-        rows.get(t.name, t) for t in report.tensors if t.name not in consumed or t.name in rows
+        rows.get(t.name, t) for t in report.tensors if t.name not in plan.consumed or t.name in rows
     ]
     return plan
-
-
-def _stock_quantized(row: TensorRow) -> str:
-    """What stock sglang does with a code tensor meant for a plain ``nn.Linear``."""
-    if row.name.endswith(".weight"):
-        return "copies the raw codes into the float parameter, its scale dropped: silent misload"
-    return "skipped by sglang's loader (no such parameter): the float parameter stays unwritten"
 
 
 def _draft_names(
     spec: DraftSpec | None, built: Built | None, config: CheckpointConfig | None
 ) -> NameRule:
+    """The draft class's own name rule (``DraftSpec.draft_names``), or, for a class the plugin
+    does not hook, the rule of its family."""
     if spec is not None:
         return spec.draft_names(built.model if built is not None else config)
-    if built is not None and _is_nextn(built.class_name):
+    if built is not None and "NextN" in built.class_name:
         return nextn_layer(built.model)
     return mtp_prefix(config)
-
-
-def _is_nextn(class_name: str) -> bool:
-    return "NextN" in class_name
 
 
 def _left_to_sglang(report: Diagnosis, built: Built) -> None:
@@ -401,19 +415,17 @@ def _activation(report: Diagnosis, needed: bool) -> None:
         if needed:
             report.unchecked.append(f"whether sglang would load the plugin: {exc}")
         return
-    report.plugin_active = found.active
-    report.plugin_activation = found.why
+    report.plugin_active, report.plugin_activation = found.active, found.why
     report.notes.extend(found.notes)
-    if not found.active:
-        if needed:
-            report.inactive = (
-                f"the draft needs the plugin, but sglang here would not load it: {found.why}"
-            )
-        else:
-            report.notes.append(f"sglang here would not load the plugin: {found.why}")
+    if not found.active and needed:
+        report.inactive = (
+            f"the draft needs the plugin, but sglang here would not load it: {found.why}"
+        )
+    elif not found.active:
+        report.notes.append(f"sglang here would not load the plugin: {found.why}")
 
 
-def _notes(report: Diagnosis, ckpt: Checkpoint, built: Built | None) -> None:
+def _notes(report: Diagnosis, asked: _Asked) -> None:
     from ..cpu_env import stand_ins_used
 
     described_float = [
@@ -434,13 +446,13 @@ def _notes(report: Diagnosis, ckpt: Checkpoint, built: Built | None) -> None:
             f"{attention[0].name}) are no weights: left to sglang, which has no parameter for "
             "them in an unquantized draft"
         )
-    _quarot_note(report, ckpt, built)
-    if ckpt.declared is not None:
+    _quarot_note(report, asked.ckpt, asked.built)
+    if asked.ckpt.declared is not None:
         report.notes.append(
-            f"config.json declares {ckpt.declared.label} quantization (not a ModelSlim export)"
+            f"config.json declares {asked.ckpt.declared.label} quantization (not a ModelSlim "
+            "export)"
         )
-    for note in stand_ins_used().values():
-        report.notes.append(note)
+    report.notes.extend(stand_ins_used().values())
 
 
 def _quarot_note(report: Diagnosis, ckpt: Checkpoint, built: Built | None) -> None:
@@ -450,17 +462,19 @@ def _quarot_note(report: Diagnosis, ckpt: Checkpoint, built: Built | None) -> No
         return
     where = f"{QUAROT_FILE} ({QUAROT_TENSOR})" if os.path.isfile(rot) else "no " + QUAROT_FILE
     said = f"QuaRot: the description says {QUAROT_FLAG}={flag!r}, the folder holds {where}"
-    if built is not None and built.applies_rotation():
+    if built is None:
+        report.notes.append(f"{said}; left to sglang (the plugin does not touch it)")
+    elif built.applies_rotation():
         report.notes.append(
             f"{said}; left to sglang: {built.class_name} rotates the target's hidden states "
             f"with it itself on NPU (deepseek_nextn.py reads <model path>/{QUAROT_FILE}); the "
             "plugin does not touch it"
         )
     else:
-        name = built.class_name if built is not None else (report.draft_class or "the draft")
         report.notes.append(
-            f"{said}; left to sglang, but sglang 0.5.23's {name} has no step that applies it "
-            "(only DeepSeek's NextN draft reads it): its hidden-state input stays rotated"
+            f"{said}; left to sglang, but sglang 0.5.23's {built.class_name} has no step that "
+            "applies it (only DeepSeek's NextN draft reads it): its hidden-state input stays "
+            "rotated"
         )
 
 
@@ -470,83 +484,154 @@ def _dry_run(
     ckpt: Checkpoint,
     plan: DequantPlan | None,
     spec: DraftSpec | None,
-    quantized: bool = False,
 ) -> None:
-    try:
-        from ..dryrun import simulate_load
+    """sglang's loader on the meta draft, through the plugin's stream where ``plan``."""
+    from ..dryrun import simulate_load
 
+    quantized = built.quant_config is not None
+    modelslim = built.quant_config == MODELSLIM
+    try:
         coverage = simulate_load(built, ckpt, plan, spec, quantized=quantized)
-    except Exception as exc:  # noqa: BLE001 - no coverage, said so; the rest still stands
-        report.dry_run = f"not run ({type(exc).__name__}: {exc})"
-        report.unchecked.append(
-            "sglang's loader could not be dry-run, so no check that every parameter is "
-            f"filled: {type(exc).__name__}: {exc}"
-        )
+    except Exception as exc:  # noqa: BLE001 - sglang's loader stops: said, the rest stands
+        error = quoted(exc)
+        same = error == report.stock_loader_error
+        report.dry_run = f"not run ({error})"
+        if modelslim:  # a server of this form stops loading the draft, the plugin's or not
+            report.dry_run = "not run (its loader stops as stock's)" if same else report.dry_run
+            said = "as stock's does" if same else f"with {error}"
+            report.problems.append(f"with the plugin too sglang's loader stops ({said}): {WAY_OUT}")
+        else:
+            report.unchecked.append(
+                "sglang's loader could not be dry-run, so no check that every parameter is "
+                f"filled: {error}"
+            )
         return
     how = "through the plugin's stream" if plan is not None else "as stock sglang"
     if quantized:
         how = f"built quantized ({built.quant_config}), through the plugin's stream"
     report.dry_run = f"{coverage.class_name} on the meta device, {how}"
-    if plan is not None and any(t.action == "dequantize" for t in report.tensors):
-        _stock_dry_run(report, built, ckpt, spec, quantized)
     report.unfilled = coverage.unwritten
     report.skipped = coverage.skipped
     # an unhooked class: the misload is why the draft is unsupported, said beside it
-    found = report.notes if spec is None and built.quant_config is None else report.problems
+    found = report.notes if spec is None and not quantized else report.problems
+    who = "sglang's loader copies" if spec is not None else "stock sglang copies"
     for parameter, sources in coverage.codes_in_float.items():
-        who = (
-            "sglang's loader copies"
-            if spec is not None
-            else "stock sglang copies (the plugin does not hook this class)"
-        )
         found.append(
             f"{parameter} is a float parameter of {coverage.class_name} that no quantization "
             f"method owns, but {who} the raw codes of {', '.join(sources)} into it, with no "
-            "scale: the draft proposes garbage; export that layer unquantized or in a format "
-            "compressed-tensors decodes"
+            "scale: the draft proposes garbage; "
+            + (WAY_OUT if modelslim else "export that layer unquantized or in a format it decodes")
         )
 
 
 def _stock_dry_run(
-    report: Diagnosis,
-    built: Built,
-    ckpt: Checkpoint,
-    spec: DraftSpec | None,
-    quantized: bool = False,
+    report: Diagnosis, built: Built, ckpt: Checkpoint, spec: DraftSpec | None
 ) -> None:
-    """Stock sglang's own loader on the same meta draft, without the plugin's stream.
-
-    The per-tensor prediction (``_stock_for``) cannot see a loader that stops on a companion
-    it has no parameter for: DeepSeek's NextN ``load_weights`` raises KeyError on the fused
-    shared expert's ``weight_offset`` / ``weight_scale``, so stock sglang does not start at all
-    on those exports. What its loader raises here is what the user would see."""
+    """Stock sglang's own loader on the same meta draft: what it raises (DeepSeek's NextN on the
+    fused shared expert's ``weight_offset``, packed int4 on a shape check), or, for a quantized
+    draft, the float parameters it leaves unwritten or fills with raw codes."""
     from ..dryrun import simulate_load
 
-    if report.startup_error:  # stock sglang never gets to load: its start-up stopped
-        return
     try:
         stock = simulate_load(built, ckpt, None, spec)
-        if quantized and (stock.unwritten or stock.codes_in_float):
-            broken = [*stock.unwritten, *stock.codes_in_float]
-            report.stock_serves = False
-            report.stock_outcome = f"serves garbage ({', '.join(broken)} raw codes or unwritten)"
-            report.stock = (
-                f"stock sglang {sglang_version()} builds {built.class_name} quantized "
-                f"({built.quant_config}) and loads it with no error, but {', '.join(broken)} "
-                "would hold uninitialised memory or raw codes (seen in a dry run of sglang's "
-                "own load_weights without the plugin): the draft proposes garbage"
-            )
     except Exception as exc:  # noqa: BLE001 - stock sglang's own failure, reported as such
+        report.stock_loader_error = quoted(exc)
+        return
+    if built.quant_config is not None:
+        report.stock_garbage = [*stock.unwritten, *stock.codes_in_float]
+
+
+def _settle_stock(report: Diagnosis) -> None:
+    """What stock sglang does with this launch, short (``stock_outcome``) and said
+    (``stock``): the first of its start-up stops (the target, the draft's build, its loader),
+    what its dry run left wrong, else each draft tensor's fate."""
+    version, draft = f"stock sglang {sglang_version()}", report.draft_class or "the draft"
+    how = f"quantized ({report.built_quantized})" if report.built_quantized else "unquantized"
+    seen = "(seen in a dry run of sglang's own load_weights without the plugin)"
+    if report.target_stop or report.startup_error or report.stock_loader_error:
         report.stock_serves = False
-        report.stock_outcome = f"does not start (its loader: {type(exc).__name__}: {exc})"
-        report.stock = (
-            f"stock sglang {sglang_version()} builds {built.class_name} unquantized and its "
-            f"loader stops: {type(exc).__name__}: {exc} (the server does not start; seen in a "
-            "dry run of sglang's own load_weights without the plugin)"
+        if report.target_stop:
+            report.stock_outcome = "does not start (at the target)"
+            report.stock = f"{version} does not start: {report.target_stop}, in every form"
+        elif report.startup_error:
+            report.stock_outcome = f"does not start ({report.startup_error})"
+            report.stock = (
+                f"{version} does not start: building {draft} quantized stops with "
+                f"{report.startup_error}"
+            )
+        else:
+            report.stock_outcome = f"does not start (its loader: {report.stock_loader_error})"
+            report.stock = (
+                f"{version} builds {draft} {how} and its loader stops: "
+                f"{report.stock_loader_error} (the server does not start; {seen[1:-1]})"
+            )
+    elif report.stock_garbage:
+        broken = ", ".join(report.stock_garbage)
+        report.stock_serves = False
+        report.stock_outcome = (
+            f"serves garbage ({len(report.stock_garbage)} float parameter(s) left unwritten or "
+            f"holding raw codes, e.g. {report.stock_garbage[0]})"
         )
+        report.stock = (
+            f"{version} builds {draft} {how} and loads it with no error, but {broken} would "
+            f"hold uninitialised memory or raw codes {seen}: the draft proposes garbage"
+        )
+    else:
+        _stock_by_tensor(report, version, draft)
+    if report.target_garbage and not report.target_stop:
+        report.stock_serves = False
+        report.stock += f"; its target: {report.target_garbage}"
+        if report.stock_outcome in ("serves right", "no draft tensors"):
+            report.stock_outcome = "serves garbage (at the target)"
 
 
-# -- the pieces ------------------------------------------------------------------------------
+STOCK_SILENT = "copies the raw codes into a float parameter: silent misload"
+STOCK_LOUD = "fails sglang's shape check (packed 4-bit codes): the load stops"
+STOCK_UNKNOWN = (
+    "copies the raw codes into a float parameter (silent misload), or fails "
+    "sglang's shape check if they are packed"
+)
+
+
+def _stock_by_tensor(report: Diagnosis, version: str, draft: str) -> None:
+    """Stock's answer from each draft tensor's fate (``_stock_for``), where no dry run said
+    otherwise."""
+    codes = [t for t in report.tensors if t.codes and t.action != "pass"]
+    silent = [t for t in codes if t.stock == STOCK_SILENT]
+    loud = sum(t.stock == STOCK_LOUD for t in codes)
+    if not report.tensors:
+        report.stock_serves, report.stock_outcome = None, "no draft tensors"
+        report.stock = f"{version} finds no draft tensors to load"
+        return
+    if report.built_quantized or not codes:
+        report.stock_serves, report.stock_outcome = True, "serves right"
+        report.stock = (
+            f"{version} builds {draft} quantized ({report.built_quantized}), as with the plugin"
+            if report.built_quantized
+            else f"{version} loads every {draft} tensor as the float it is: nothing to fix"
+        )
+        return
+    report.stock_serves = False
+    report.stock_outcome = (
+        f"serves garbage (raw codes in the {report.draft_dtype} draft: accept length ~1)"
+        if len(silent) == len(codes)
+        else "does not load right (packed codes stop the load, or raw codes)"
+    )
+    said = [f"{version} builds {draft} unquantized"]
+    if silent:
+        said.append(
+            f"copies the codes of {len(silent)} draft tensor(s) into {report.draft_dtype} "
+            "parameters with no error: the draft proposes garbage and the accept length drops "
+            "to about 1"
+        )
+    if loud:
+        said.append(f"stops on a shape mismatch for {loud} packed 4-bit tensor(s)")
+    if len(codes) - len(silent) - loud:
+        said.append(
+            f"copies or, if packed, fails on {len(codes) - len(silent) - loud} tensor(s) in a "
+            "scheme this plugin does not decode"
+        )
+    report.stock = "; ".join(said)
 
 
 def _read_config(report: Diagnosis) -> CheckpointConfig | None:
@@ -571,14 +656,6 @@ def _draft_spec(report: Diagnosis, config: CheckpointConfig | None) -> DraftSpec
         report.draft_class = report.hooked_by = spec.class_name
         report.hooked = True
     return spec
-
-
-STOCK_SILENT = "copies the raw codes into a float parameter: silent misload"
-STOCK_LOUD = "fails sglang's shape check (packed 4-bit codes): the load stops"
-STOCK_UNKNOWN = (
-    "copies the raw codes into a float parameter (silent misload), or fails "
-    "sglang's shape check if they are packed"
-)
 
 
 def _stock_for(entry: PlannedTensor) -> str:
@@ -635,54 +712,3 @@ def _orphan_row(info: TensorInfo, described: str | None, weight: str) -> TensorR
         stock="passed to sglang (skipped or warned about by name)",
         codes=info.holds_codes,
     )
-
-
-def _stock_outcome(report: Diagnosis, integer: list[TensorRow]) -> None:
-    """Whether stock sglang serves this draft right, short (the dry run may say otherwise)."""
-    if report.startup_error:
-        report.stock_serves = False
-        report.stock_outcome = f"does not start ({report.startup_error})"
-        report.stock = (
-            f"stock sglang {sglang_version()} does not start: building "
-            f"{report.draft_class or 'the draft'} quantized stops with {report.startup_error} "
-            "(sglang #34211: its ModelSlim MoE schemes have no FLOAT)"
-        )
-    elif not report.tensors:
-        report.stock_serves, report.stock_outcome = None, "no draft tensors"
-    elif report.built_quantized or not integer:
-        report.stock_serves, report.stock_outcome = True, "serves right"
-    elif all(t.stock == STOCK_SILENT for t in integer):
-        report.stock_serves = False
-        report.stock_outcome = "serves garbage (raw codes in the bf16 draft: accept length ~1)"
-    else:
-        report.stock_serves = False
-        report.stock_outcome = "does not load right (packed codes stop the load, or raw codes)"
-
-
-def _stock_summary(report: Diagnosis, integer: list[TensorRow]) -> str:
-    draft = report.draft_class or "the draft"
-    version = f"stock sglang {sglang_version()}"
-    if not report.tensors:
-        return f"{version} finds no draft tensors to load"
-    if report.built_quantized:
-        return f"{version} builds {draft} quantized ({report.built_quantized}), as with the plugin"
-    if not integer:
-        return f"{version} loads every {draft} tensor as the float it is: nothing to fix"
-    silent = [t for t in integer if t.stock == STOCK_SILENT]
-    loud = sum(t.stock == STOCK_LOUD for t in integer)
-    unknown = len(integer) - len(silent) - loud
-    said = [f"{version} builds {draft} unquantized"]
-    if silent:
-        said.append(
-            f"copies the codes of {len(silent)} draft tensor(s) into "
-            f"{report.draft_dtype} parameters with no error: the draft proposes garbage and "
-            "the accept length drops to about 1"
-        )
-    if loud:
-        said.append(f"stops on a shape mismatch for {loud} packed 4-bit tensor(s)")
-    if unknown:
-        said.append(
-            f"copies or, if packed, fails on {unknown} tensor(s) in a scheme this plugin "
-            "does not decode"
-        )
-    return "; ".join(said)

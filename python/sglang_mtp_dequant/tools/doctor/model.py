@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ...serving.float_layers import DRAFT_WAY_OUT
 from ..verdicts import DOCTOR_SCHEMA_VERSION, ERROR, INACTIVE, OK, UNCHECKED, UNSUPPORTED
 
-#: version of the JSON layout ``Diagnosis.to_json`` writes (2: resolution, coverage; 3: how
-#: sglang builds the draft, the plugin's activation, verdict reasons, the pass action)
+#: version of the JSON layout ``Diagnosis.to_json`` writes (``verdicts.DOCTOR_SCHEMA_VERSION``)
 SCHEMA_VERSION = DOCTOR_SCHEMA_VERSION
 
 
@@ -45,23 +45,36 @@ class FormAnswer:
     built: str  # how sglang builds the draft: "unquantized (bfloat16)", "quantized (modelslim)"
     stock: str  # what stock sglang does, short: "serves right", "does not start (...)", ...
     stock_serves: bool | None
-    plugin: str  # the doctor's verdict line for that launch, with the plugin
+    plugin: str  # the same with the plugin: "serves right", "error: ...", ...
     plugin_serves: bool
-    #: the draft's own parameters on one rank (less the embedding and lm_head), meta build
+    target: str  # the target's cell ("": nothing wrong with the target)
+    #: the draft's own parameters on one rank with the plugin (less the embedding and lm_head,
+    #: taken from the target), and the vocab-sized copies stock holds besides at KV sizing
     draft_bytes: int | None
+    vocab_bytes: int | None = None
+    stock_error: str = ""  # sglang's own error quoted in ``stock``, if any
 
-    def line(self) -> str:
-        from ..draft_memory import size_text
+    def line(self, said: dict[str, str]) -> str:
+        """The table line; an error already quoted (``said``: text -> where) is named, not
+        quoted again."""
+        stock = self.stock
+        if self.stock_error in said:
+            stock = stock.replace(self.stock_error, f"as {said[self.stock_error]}")
+        elif self.stock_error:
+            said[self.stock_error] = self.key
+            stock = stock.replace(self.stock_error, clip(self.stock_error, 200))
+        cells = [f"draft built {self.built}", f"stock: {stock}", f"with the plugin: {self.plugin}"]
+        if self.target:
+            cells.append(f"target: {self.target}")
+        if self.draft_bytes is not None:
+            from ..draft_memory import size_text
 
-        size = (
-            "-"
-            if self.draft_bytes is None
-            else f"{size_text(self.draft_bytes)} ({self.draft_bytes:,} B)"
-        )
-        return (
-            f"{self.key} {self.label}: draft built {self.built}; stock: {self.stock}; "
-            f"with the plugin: {self.plugin}; draft parameters {size}"
-        )
+            held = self.draft_bytes + (self.vocab_bytes or 0)
+            cells.append(
+                f"draft per rank: {size_text(self.draft_bytes)} ({self.draft_bytes:,} B) with "
+                f"the plugin, {size_text(held)} stock"
+            )
+        return f"{self.key} {self.label}: " + "; ".join(cells)
 
 
 @dataclass
@@ -82,16 +95,26 @@ class Diagnosis:
     built: str = ""  # how sglang builds the draft, one sentence
     launch: str = ""  # for which launch (flags, platform stood in) the answer was asked
     form: str = ""  # the launch's form (``forms.FORMS``), e.g. "F2 (--quantization modelslim)"
-    #: sglang's own error when stock sglang cannot build the draft for this launch (its start-up
-    #: stops there, e.g. a FLOAT MoE layer in a ModelSlim build: sglang #34211)
+    #: sglang's own error where stock sglang cannot build the draft (its start-up stops), and
+    #: where its loader stops (seen in the dry run without the plugin)
     startup_error: str = ""
+    stock_loader_error: str = ""
+    #: float parameters stock sglang's load leaves unwritten or fills with raw codes
+    stock_garbage: list[str] = field(default_factory=list)
+    #: why stock sglang stops at the target in every form (its MoE layers with FLOAT experts)
+    target_stop: str = ""
+    #: how many target layers stock sglang loads as raw codes (``TargetCheck.outcome``)
+    target_garbage: str = ""
+    target: str = ""  # the target's cell of the form table ("": nothing wrong with it)
     #: the short form of ``stock``, and whether stock sglang serves this draft right
     stock_outcome: str = ""
     stock_serves: bool | None = None
     #: what the plugin builds differently from stock (a draft built quantized with FLOAT layers)
     plugin_builds: str = ""
-    #: the draft's own parameters on this rank (less the embedding and lm_head), meta build
+    #: the draft's own parameters on this rank (less the embedding and lm_head), meta build,
+    #: and its own vocab-sized embedding and lm_head, which stock holds at KV-pool sizing
     draft_bytes: int | None = None
+    vocab_bytes: int | None = None
     forms: list[FormAnswer] = field(default_factory=list)  # every form, for the same checkpoint
     recommended: str = ""  # the form with the least draft memory that serves right
     plugin_acts: bool = False
@@ -115,6 +138,11 @@ class Diagnosis:
     walk: dict[str, Any] | None = None
 
     @property
+    def stock_error(self) -> str:
+        """sglang's own error the stock answer quotes, if any."""
+        return "" if self.target_stop else (self.startup_error or self.stock_loader_error)
+
+    @property
     def verdict(self) -> str:
         if self.problems or self.unfilled or any(t.action == "error" for t in self.tensors):
             return ERROR
@@ -132,31 +160,38 @@ class Diagnosis:
         verdict = self.verdict
         if verdict == ERROR:
             return "this draft cannot be served as it is (see the problems above)"
-        if verdict == INACTIVE:
-            return self.inactive
-        if verdict == UNSUPPORTED:
-            return self.unsupported
+        if verdict in (INACTIVE, UNSUPPORTED):
+            return self.inactive or self.unsupported
         if verdict == UNCHECKED:
             return "nothing wrong found, but not checked: " + "; ".join(self.unchecked)
-        if self.built_quantized and self.plugin_builds:
-            decoded = [t.name for t in self.tensors if t.action == "dequantize"]
-            also = f"; it decodes {', '.join(decoded)} (a plain nn.Linear)" if decoded else ""
-            return f"{self.plugin_builds}{also}; every parameter is filled"
-        if self.built_quantized:
-            decoded = [t.name for t in self.tensors if t.action == "dequantize"]
+        decoded = [t.name for t in self.tensors if t.action == "dequantize"]
+        if not self.built_quantized:
             if decoded:
-                return (
-                    f"sglang builds the draft quantized ({self.built_quantized}) and loads its "
-                    f"quantized layers itself; the plugin decodes {', '.join(decoded)} (a plain "
-                    "nn.Linear no quantization method reads) and every parameter is filled"
-                )
+                return "the plugin loads this draft as correct float weights"
+            return "the draft is float already; the plugin changes nothing"
+        said = self.plugin_builds or (
+            f"sglang builds the draft quantized ({self.built_quantized}) and loads its "
+            "quantized layers itself"
+        )
+        if decoded:
             return (
-                f"sglang builds the draft quantized ({self.built_quantized}) and fills every "
-                "parameter itself; the plugin only checks the load"
+                f"{said}; the plugin decodes {', '.join(decoded)} (a plain nn.Linear no "
+                "quantization method reads) and every parameter is filled"
             )
-        if any(t.action == "dequantize" for t in self.tensors):
-            return "the plugin loads this draft as correct float weights"
-        return "the draft is float already; the plugin changes nothing"
+        return f"{said}; every parameter is filled, the plugin only checks the load"
+
+    @property
+    def plugin_outcome(self) -> str:
+        """The short form of the verdict, for a form-table cell."""
+        verdict = self.verdict
+        if verdict == OK:
+            return "serves right"
+        why = (self.problems or [f"{len(self.unfilled)} parameter(s) unfilled"])[0]
+        if verdict != ERROR:
+            why = self.inactive or self.unsupported or "; ".join(self.unchecked)
+        elif any(t.action == "error" for t in self.tensors):
+            why = next(t.problem or t.reason for t in self.tensors if t.action == "error")
+        return f"{verdict} ({clip(why.replace(f': {DRAFT_WAY_OUT}', ''), 160)})"
 
     def counts(self) -> dict[str, int]:
         out = {"dequantize": 0, "keep": 0, "pass": 0, "error": 0}
@@ -165,44 +200,32 @@ class Diagnosis:
         return out
 
     def to_json(self) -> dict[str, Any]:
+        """Every field (an empty text as null), under the names of schema 3 and on."""
+        fields = {JSON_NAMES.get(k, k): v for k, v in vars(self).items() if k != "tensors"}
         return {
             "schema_version": SCHEMA_VERSION,
             "verdict": self.verdict,
             "reason": self.reason,
-            "error_kind": self.error_kind,
-            "requested": self.requested,
-            "folder": self.folder or None,
-            "resolved_by": self.resolved_by or None,
-            "architecture": self.architecture,
-            "draft_class": self.draft_class,
-            "hooked_by": self.hooked_by,
-            "hooked": self.hooked,
-            "draft_dtype": self.draft_dtype,
-            "draft_quantization": self.draft_quantization,
-            "built_quantized": self.built_quantized,
-            "built": self.built,
-            "launch": self.launch,
-            "form": self.form or None,
-            "startup_error": self.startup_error or None,
-            "stock_serves": self.stock_serves,
-            "stock_outcome": self.stock_outcome or None,
-            "plugin_builds": self.plugin_builds or None,
-            "draft_parameter_bytes": self.draft_bytes,
+            "plugin_outcome": self.plugin_outcome,
+            **{k: (None if v == "" else v) for k, v in fields.items()},
             "forms": [asdict(answer) for answer in self.forms],
-            "recommended": self.recommended or None,
-            "plugin_acts": self.plugin_acts,
-            "plugin_active": self.plugin_active,
-            "plugin_activation": self.plugin_activation,
-            "unchecked": self.unchecked,
-            "description_file": self.description_file,
-            "safetensors_files": self.files,
             "counts": self.counts(),
-            "stock_sglang": self.stock,
-            "dry_run": self.dry_run,
-            "draft_load_walk": self.walk,
-            "unfilled_parameters": self.unfilled,
-            "skipped_names": self.skipped,
-            "problems": self.problems,
-            "notes": self.notes,
             "tensors": [t.to_json() for t in self.tensors],
         }
+
+
+#: the JSON names of the fields whose attribute names differ
+JSON_NAMES = {
+    "walk": "draft_load_walk",
+    "unfilled": "unfilled_parameters",
+    "skipped": "skipped_names",
+    "draft_bytes": "draft_parameter_bytes",
+    "vocab_bytes": "vocab_copy_bytes",
+    "stock": "stock_sglang",
+    "files": "safetensors_files",
+}
+
+
+def clip(text: str, most: int) -> str:
+    """``text`` cut to ``most`` characters (the whole of it stays in ``--json``)."""
+    return text if len(text) <= most else text[: most - 5].rstrip() + " ..."

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 
-from .model import Diagnosis, TensorRow
+from .model import Diagnosis, TensorRow, clip
 
-# -- output ----------------------------------------------------------------------------------
+#: the longest line the text answer prints (``--json`` holds every text whole)
+LONGEST = 600
+
 
 _COLUMNS = ("name", "dtype", "shape", "type", "scheme", "companions", "action", "reason")
 
@@ -32,7 +34,7 @@ def render_text(report: Diagnosis) -> str:
     lines += _setting_lines(report) + [""] + _table_lines(report) + _finding_lines(report)
     lines += _form_lines(report)
     lines += ["", f"verdict: {report.verdict} - {report.reason}"]
-    return "\n".join(lines)
+    return "\n".join(clip(line, LONGEST) for line in lines)
 
 
 def _setting_lines(report: Diagnosis) -> list[str]:
@@ -120,15 +122,14 @@ def _finding_lines(report: Diagnosis) -> list[str]:
 
 
 def _form_lines(report: Diagnosis) -> list[str]:
-    """Every launch form's answer for this checkpoint, and the recommended one."""
+    """Every launch form's answer for this checkpoint (sglang's error quoted once), and the
+    recommended one."""
     if not report.forms:
         return []
-    lines = [
-        "",
-        "  every launch form (draft parameters on this rank, less the embedding and lm_head "
-        "taken from the target; sglang's meta build):",
-    ]
-    lines += [f"    {answer.line()}" for answer in report.forms]
+    said = {report.stock_error: "above"} if report.stock_error else {}
+    lines = ["", "  every launch form (draft memory: sglang's meta build of this rank; with the "
+             "plugin less its vocab-sized copies, which it shares with the target):"]  # fmt: skip
+    lines += [f"    {answer.line(said)}" for answer in report.forms]
     lines.append(f"  recommended: {report.recommended}")
     return lines
 
