@@ -11,11 +11,9 @@ Usage::
     # sglang-mtp-dequant: draft tensor 'mtp.layers.0.mlp.up_proj.weight' in /ckpt/...:
     #   int8 weight has no weight_scale. What to do: re-export the checkpoint ...
 
-Why fields and not free text: sglang's start-up catches nothing around ``load_weights``, so an
-exception raised there stops the server with its message in the log, and that message is all
-an operator gets. Every error here is built from a subject (the tensor and file, the file, the
-process), the problem, optional detail lines and what to do, and ``explain`` renders them in
-one place, so no raise site can leave the "What to do" out or spell it its own way.
+Why fields: an exception raised in ``load_weights`` stops sglang's server with its message in
+the log, all an operator gets; ``explain`` renders subject, problem, details and what to do in
+one place, so no raise site leaves the "What to do" out.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ PREFIX = "sglang-mtp-dequant"
 
 
 def what_to_do(subject: str | None, problem: str, hint: str, details: Sequence[str] = ()) -> str:
-    """``<subject>: <problem>. What to do: <hint>``; with detail lines, each on its own line
-    between the problem and what to do."""
+    """``<subject>: <problem>. What to do: <hint>``, detail lines between problem and hint."""
     head = f"{subject}: {problem}" if subject else problem
     if details:
         return f"{head}:\n" + "\n".join(details) + f"\nWhat to do: {hint}"
@@ -40,7 +37,7 @@ def explain(subject: str | None, problem: str, hint: str, details: Sequence[str]
 
 
 class MtpDequantError(Exception):
-    """Base of every error the package raises (see the module docstring)."""
+    """Base of every error the package raises."""
 
     def __init__(
         self, *, subject: str | None, problem: str, hint: str, details: Sequence[str] = ()
@@ -105,8 +102,8 @@ class SettingError(MtpDequantError, ValueError):
 
 
 class UnservedLayerError(MtpDequantError, ValueError):
-    """Linear layers sglang built with the unquantized method over quantized codes
-    (``serving/target_layers.py``): raised at model build time, before any weight loads."""
+    """Linear layers sglang built unquantized over quantized codes (``serving/target_layers.py``),
+    raised at model build time."""
 
     def __init__(self, *, role: str, problem: str, hint: str, details: Sequence[str] = ()) -> None:
         self.role = role  # "target Qwen3_5ForCausalLM", "draft Qwen3_5ForCausalLMMTP"
@@ -114,9 +111,8 @@ class UnservedLayerError(MtpDequantError, ValueError):
 
 
 class MixedPrecisionLayerError(MtpDequantError, ValueError):
-    """A ModelSlim MoE layer whose experts the description marks part FLOAT, part quantized,
-    which sglang's ModelSlim cannot build right (``serving/float_layers.py``): raised at model
-    build time, before any weight loads."""
+    """A ModelSlim MoE layer whose experts are described part FLOAT, part quantized
+    (``serving/float_layers.py``), raised at model build time."""
 
     def __init__(self, *, layer: str, problem: str, hint: str, details: Sequence[str] = ()) -> None:
         self.layer = layer  # the prefix sglang builds it with: "mtp.layers.0.mlp.experts"

@@ -7,8 +7,8 @@ Usage::
     info = ckpt.tensors["mtp.layers.0.mlp.up_proj.weight"]   # file, dtype, shape (header only)
     scales = ckpt.read_many([ckpt.tensors["mtp.layers.0.mlp.up_proj.weight_scale"], ...])
 
-It reads the headers of exactly the files sglang streams (metadata only: the weight bytes are
-read once, by sglang) and checks index files the way sglang reads them; why, on ``Checkpoint``.
+It reads the headers of exactly the files sglang streams (the weight bytes are read once, by
+sglang) and checks index files the way sglang reads them.
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ class WeightSource:
 
 
 RESTORE = "restore the file the exporter wrote, or delete it"
+INDEX_RESTORE = "restore the index file the exporter wrote, or delete it"
+CORRUPT = "the file is truncated or corrupt: download or export it again"
 
-# safetensors dtype tags -> torch dtypes (the tags a safetensors header can hold).
+#: safetensors dtype tags -> torch dtypes (unsigned too: else unsigned codes would plan as float)
 _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool,
     "U8": torch.uint8,
@@ -55,7 +57,6 @@ _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
     "F8_E4M3": torch.float8_e4m3fn,
     "F8_E5M2": torch.float8_e5m2,
-    # unsigned tags too: else an unsigned integer weight would be planned as float
     "U16": torch.uint16,
     "U32": torch.uint32,
     "U64": torch.uint64,
@@ -72,8 +73,7 @@ def dtype_name(dtype: torch.dtype | str) -> str:
 
 
 def is_code_dtype(dtype: torch.dtype | str) -> bool:
-    """Integer or float8 storage: values that mean nothing without their scales (the one rule
-    the plan, the stream, the guard and verify judge tensors by)."""
+    """Integer or float8 storage: values that mean nothing without their scales."""
     if not isinstance(dtype, torch.dtype) or dtype == torch.bool:
         return False
     return not dtype.is_floating_point or dtype in FLOAT8_DTYPES
@@ -96,7 +96,6 @@ class TensorInfo:
 
     @property
     def holds_codes(self) -> bool:
-        """Integer or float8 storage: codes that mean nothing without their scales."""
         return is_code_dtype(self.dtype)
 
     @property
@@ -106,11 +105,8 @@ class TensorInfo:
 
 @dataclass
 class Checkpoint:
-    """Header-level view of a checkpoint folder: tensor locations plus the ModelSlim description.
-
-    The headers of exactly the files sglang streams (ModelSlim's file and index names vary),
-    each parsed once; index files checked as sglang reads them.
-    """
+    """Header-level view of a checkpoint folder: tensor locations plus the ModelSlim description
+    (``read_description``); each header parsed once."""
 
     folder: str
     files: list[str]
@@ -118,10 +114,8 @@ class Checkpoint:
     description: dict[str, str] = field(default_factory=dict)
     description_file: str | None = None
     group_size: int = 0
-    #: the description's ``version`` ("1.0.0" from the V1 saver); int4 packing depends on it
-    format_version: str | None = None
-    #: the description's entries that are no tensor type (``is_rot_used``, ``metadata``, ...)
-    description_flags: dict[str, object] = field(default_factory=dict)
+    format_version: str | None = None  # ``Description.version``
+    description_flags: dict[str, object] = field(default_factory=dict)  # ``Description.flags``
     #: config.json's ``quantization_config`` (a compressed-tensors or ModelOpt export), if any
     declared: DeclaredFormat | None = None
 
@@ -168,9 +162,7 @@ class Checkpoint:
                         out[name] = handle.get_tensor(name)
             except Exception as exc:  # safetensors raises its own error types
                 raise CheckpointFormatError(
-                    file=path,
-                    problem=f"cannot read tensor {name!r} ({exc})",
-                    hint="the file is truncated or corrupt: download or export it again",
+                    file=path, problem=f"cannot read tensor {name!r} ({exc})", hint=CORRUPT
                 ) from exc
         return out
 
@@ -192,16 +184,14 @@ class Checkpoint:
             weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
             if not isinstance(weight_map, dict):
                 raise CheckpointFormatError(
-                    file=index_path,
-                    problem="has no 'weight_map' object",
-                    hint="restore the index file the exporter wrote, or delete it",
+                    file=index_path, problem="has no 'weight_map' object", hint=INDEX_RESTORE
                 )
             if not self._index_shards_sound(weight_map):
                 self._check_index_entries(index_path, weight_map, wanted)
 
     def _index_shards_sound(self, weight_map: Mapping[str, object]) -> bool:
-        """Whether every shard the index names is a file inside the folder that exists (once
-        per shard: only an index with a problem is walked name by name)."""
+        """Whether every shard the index names exists inside the folder (judged per shard: only
+        an index with a problem is walked name by name)."""
         shards = index_shards(weight_map)
         return shards is not None and all(
             "\x00" not in shard
@@ -213,9 +203,8 @@ class Checkpoint:
     def _check_index_entries(
         self, index_path: str, weight_map: Mapping[str, object], wanted: Callable[[str], bool]
     ) -> None:
-        """The first entry of ``weight_map`` that is not a file name inside the folder, or
-        that maps a wanted name to a missing shard, as an error (a missing shard no wanted
-        name is in is left to whoever needs it)."""
+        """Raise on the first entry of ``weight_map`` that is no file name inside the folder, or
+        maps a wanted name to a missing shard (other missing shards: whoever needs them)."""
         inside: dict[str, bool] = {}
         present: dict[str, bool] = {}
         for name, shard in weight_map.items():
@@ -223,7 +212,7 @@ class Checkpoint:
                 raise CheckpointFormatError(
                     file=index_path,
                     problem=f"maps {name!r} to {shard!r}, not a file name",
-                    hint="restore the index file the exporter wrote, or delete it",
+                    hint=INDEX_RESTORE,
                 )
             if shard not in inside:
                 inside[shard] = _inside_folder(shard)
@@ -263,9 +252,7 @@ class Checkpoint:
             raise
         except Exception as exc:  # safetensors raises its own error types on bad headers
             raise CheckpointFormatError(
-                file=path,
-                problem=f"is not a readable safetensors file ({exc})",
-                hint="the file is truncated or corrupt: download or export it again",
+                file=path, problem=f"is not a readable safetensors file ({exc})", hint=CORRUPT
             ) from exc
 
     def _record(self, info: TensorInfo) -> None:
@@ -283,8 +270,8 @@ class Checkpoint:
 
 
 def header_names(path: str) -> list[str]:
-    """Every tensor name in a safetensors file's header (an 8-byte length, then its JSON),
-    without ``safe_open``'s per-tensor checks; ``CheckpointFormatError`` for no readable header."""
+    """Every tensor name in a safetensors file's header, without ``safe_open``'s per-tensor
+    checks; ``CheckpointFormatError`` for no readable header."""
     try:
         with open(path, "rb") as handle:
             length = int.from_bytes(handle.read(8), "little")
@@ -293,16 +280,13 @@ def header_names(path: str) -> list[str]:
             raise ValueError(f"the header is a JSON {type(header).__name__}, not an object")
     except (OSError, ValueError) as exc:  # json's errors are ValueErrors too
         raise CheckpointFormatError(
-            file=path,
-            problem=f"is not a readable safetensors file ({exc})",
-            hint="the file is truncated or corrupt: download or export it again",
+            file=path, problem=f"is not a readable safetensors file ({exc})", hint=CORRUPT
         ) from exc
     return [name for name in header if name != "__metadata__"]
 
 
 def _declared_format(folder: str) -> DeclaredFormat | None:
-    """config.json's quantization_config; a folder without a readable config declares none
-    (the config's own problems are reported by whoever needs the config)."""
+    """config.json's quantization_config; a folder without a readable config declares none."""
     try:
         return declared_format(CheckpointConfig.read(folder))
     except CheckpointFormatError:
@@ -310,8 +294,8 @@ def _declared_format(folder: str) -> DeclaredFormat | None:
 
 
 def index_shards(weight_map: object) -> set[str] | None:
-    """The shards an index's ``weight_map`` (name -> shard) names, or None if it is no map of
-    names to non-empty strings: judged once per shard, not per name."""
+    """The shards an index's ``weight_map`` names, or None if it is no map of names to
+    non-empty strings."""
     if not isinstance(weight_map, dict):
         return None
     try:
@@ -324,8 +308,8 @@ def index_shards(weight_map: object) -> set[str] | None:
 
 
 def _inside_folder(entry: str) -> bool:
-    """Whether an index entry names a file under the index's folder, judged on the name
-    (where the file's symlink points does not matter: snapshot files point into blobs)."""
+    """Whether an index entry names a file under its folder, by the name (snapshot files are
+    symlinks into blobs)."""
     if os.path.isabs(entry) or entry.startswith(("/", "\\")):
         return False
     normal = os.path.normpath(entry)

@@ -93,8 +93,8 @@ class CheckpointConfig:
 
 
 def read_json(path: str) -> object:
-    """The JSON in ``path``, parsed by orjson (a large export's index lists every tensor); what
-    orjson refuses is parsed again by json, raising what ``json.load`` raises."""
+    """The JSON in ``path``, parsed by orjson (a large export's index lists every tensor), else
+    by json, raising what ``json.load`` raises."""
     with open(path, "rb") as handle:
         raw = handle.read()
     try:

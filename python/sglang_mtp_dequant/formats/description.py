@@ -11,7 +11,7 @@ Usage::
     moe_layer_plan(described.entries, is_draft)  # FusedMoE layers all FLOAT, part FLOAT, quantized
 
 Why one home: the plan, the serving hooks, the doctor, verify, the harness and the benchmarks
-ask the description the same questions; each answer is written here once (no sglang, no tensor).
+ask the description the same questions; each answer is written here once.
 """
 
 from __future__ import annotations
@@ -40,13 +40,10 @@ class Description:
     """A parsed description: tensor types, and the entries that are no tensor type."""
 
     file: str | None = None  # None: the folder has no description
-    #: checkpoint tensor -> its type (``FLOAT``, ``W8A8_DYNAMIC``, ...)
-    entries: dict[str, str] = field(default_factory=dict)
-    #: the entries that are no tensor type (``is_rot_used``, ``metadata``, ...)
-    flags: dict[str, object] = field(default_factory=dict)
+    entries: dict[str, str] = field(default_factory=dict)  # tensor -> FLOAT, W8A8_DYNAMIC, ...
+    flags: dict[str, object] = field(default_factory=dict)  # is_rot_used, metadata, ...
     group_size: int = 0
-    #: ``version`` ("1.0.0" from msmodelslim's V1 saver); int4 packing depends on it
-    version: str | None = None
+    version: str | None = None  # "1.0.0" from msmodelslim's V1 saver: int4 packing depends on it
 
     def type_of(self, name: str) -> str | None:
         return self.entries.get(name)
@@ -113,8 +110,7 @@ def shard_schemes(description: Mapping[str, object], prefixes: Iterable[str]) ->
 
 
 def quantized_leaves(description: Mapping[str, object], leaves: Collection[str]) -> set[str]:
-    """The names among ``leaves`` that end the prefix of at least one quantized weight entry
-    (one ``str.endswith`` per description key)."""
+    """The names among ``leaves`` that end the prefix of at least one quantized weight entry."""
     wanted = frozenset(leaves)
     suffixes = tuple(f".{leaf}{WEIGHT}" for leaf in wanted)
     found: set[str] = set()
@@ -136,8 +132,7 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 def nextn_layer_of(description: Mapping[str, object]) -> str | None:
     """``model.layers.<n>`` of the NextN draft layer of a description with no ``mtp`` name: the
-    highest layer it lists, the one after the target's last (``naming.nextn_layer``'s
-    ``num_hidden_layers``, which sglang's loader maps to ``model.decoder``); else None."""
+    highest layer it lists, the one after the target's last; else None."""
     highest = -1
     for name in description:
         if "mtp" in name:
@@ -150,8 +145,7 @@ def nextn_layer_of(description: Mapping[str, object]) -> str | None:
 
 def draft_layers(description: Mapping[str, object]) -> NameRule:
     """Which description entries (and sglang prefixes) are the draft's: every ``mtp`` name, else
-    the NextN layer's, under its checkpoint name or sglang's ``model.decoder`` (the draft class's
-    own rule, ``DraftSpec.draft_names``, says the same)."""
+    the NextN layer's, under its checkpoint name or sglang's ``model.decoder``."""
     nextn = nextn_layer_of(description)
     if nextn is None:
         return mtp_prefix()
@@ -161,8 +155,7 @@ def draft_layers(description: Mapping[str, object]) -> NameRule:
 
 def described_as(description: Mapping[str, object], prefix: str) -> str:
     """The description's prefix for a layer sglang builds as ``prefix``: a NextN draft's
-    ``model.decoder.X`` is ``model.layers.<n>.X``, as sglang's loader maps the checkpoint's
-    names (``deepseek_weight_loader``'s ``nextn_layer_prefix``); any other prefix is itself."""
+    ``model.decoder.X`` is ``model.layers.<n>.X``, as sglang's loader maps it; else itself."""
     if not f"{prefix}.".startswith(f"{NEXTN_MODULE}."):
         return prefix
     nextn = nextn_layer_of(description)
@@ -183,8 +176,7 @@ class ExpertPrecision:
     """The description's schemes for one FusedMoE layer's expert projections."""
 
     layer: str  # the prefix sglang builds the layer with
-    #: description entry -> scheme, every expert and projection the description lists
-    schemes: Mapping[str, str] = field(default_factory=dict)
+    schemes: Mapping[str, str] = field(default_factory=dict)  # entry -> scheme, every one listed
 
     @property
     def float_entries(self) -> list[str]:
@@ -212,15 +204,11 @@ class ExpertPrecision:
         )
 
 
-def _same(prefix: str) -> str:
-    return prefix
-
-
 def expert_entries(
     description: Mapping[str, object],
     layer: str,
     num_experts: int,
-    resolve: Callable[[str], str] = _same,
+    resolve: Callable[[str], str] = str,
 ) -> dict[str, str]:
     """Description entry -> scheme of every ``layer.<e>.<proj>.weight`` listed, for the first
     naming convention that lists expert 0 (as ``get_moe_scheme`` picks it); ``resolve`` maps a
@@ -252,15 +240,14 @@ class MoeLayerPlan:
         return (*self.built_unquantized, *(p.layer for p in self.refused))
 
     def target_stops(self, is_draft: NameRule) -> tuple[str, ...]:
-        """The target's layers of ``stock_fails`` (``is_draft``: the draft's rule): stock sglang
-        stops there in every launch form, the target being built with ModelSlim in all four."""
+        """The target's layers of ``stock_fails``: stock sglang stops there in every launch form
+        (the target is built with ModelSlim in all four)."""
         return tuple(layer for layer in self.stock_fails if not is_draft(f"{layer}."))
 
 
 def moe_layers(description: Mapping[str, object]) -> list[tuple[str, int]]:
-    """``(layer, experts)`` of every routed-expert layer the description lists per expert
-    (``<layer>.<e>.gate_proj.weight``...), in the description's order; ``experts`` is one more
-    than the highest expert index listed."""
+    """``(layer, experts)`` of every routed-expert layer the description lists per expert, in
+    its order; ``experts``: one more than the highest expert index listed."""
     highest: dict[str, int] = {}
     for name in description:
         match = EXPERT_ENTRY.match(name) if isinstance(name, str) else None
@@ -274,8 +261,7 @@ def moe_layer_plan(
     description: Mapping[str, object], layers: Iterable[tuple[str, int]] | None = None
 ) -> MoeLayerPlan:
     """The FLOAT-layer hook's decision (``serving/float_layers.py``) for each ``(prefix,
-    num_experts)`` FusedMoE layer (default: every one ``moe_layers`` finds), from the description
-    alone, under the checkpoint's prefixes."""
+    num_experts)`` FusedMoE layer (default: every one ``moe_layers`` finds)."""
     if layers is None:
         layers = moe_layers(description)
     unquantized: list[str] = []

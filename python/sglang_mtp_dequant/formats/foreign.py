@@ -8,9 +8,8 @@ Usage::
     fmt = tensor_format("mtp.fc.weight_packed", tensors, declared)
     fmt.name                                 # "compressed-tensors pack-quantized"
 
-Why: a compressed-tensors or ModelOpt export keeps companions a ModelSlim export never has
-(``weight_packed``, ``weight_scale_2``, ...), and writes ``quantization_config`` into
-config.json (msmodelslim removes it): those name the format (layouts: ``docs/layouts.md``).
+Why: a compressed-tensors or ModelOpt export keeps companions ModelSlim never writes and a
+``quantization_config`` in config.json (msmodelslim removes it); layouts: ``docs/layouts.md``.
 """
 
 from __future__ import annotations
@@ -61,9 +60,8 @@ class TensorFormat:
 
 
 def declared_format(config: Any) -> DeclaredFormat | None:
-    """config.json's ``quantization_config`` (top level or ``text_config``), or None.
-
-    ``config`` is a ``CheckpointConfig`` or its raw dict."""
+    """config.json's ``quantization_config`` (top level or ``text_config``; ``config`` a
+    ``CheckpointConfig`` or its raw dict), or None."""
     raw = getattr(config, "raw", config)
     if not isinstance(raw, dict):
         return None
@@ -99,9 +97,8 @@ def foreign_base(name: str) -> str | None:
 def tensor_format(
     weight: str, dtypes: Mapping[str, torch.dtype | str], declared: DeclaredFormat | None
 ) -> TensorFormat | None:
-    """The foreign format of the weight stored as ``weight``, from the dtypes of the tensors
-    named ``X.*`` (``dtypes``) and what config.json declares; None for a ModelSlim export or a
-    float weight (each branch names a layout of docs/layouts.md)."""
+    """The foreign format of ``weight``, from the dtypes of the tensors beside it and what
+    config.json declares; None for a ModelSlim export or a float weight."""
     base = weight.rpartition(".")[0]
     parts = {
         name.rpartition(".")[2]: dtype
@@ -138,7 +135,6 @@ def tensor_format(
 
 
 def has_foreign_parts(fmt: TensorFormat, weight: str) -> bool:
-    """Whether the weight or its companions are stored in a way no ModelSlim scheme reads
-    (packed ints, zero points, global scales, fp4 bytes): never decoded with ModelSlim's rules."""
+    """Whether the weight or its companions are stored in a way no ModelSlim scheme reads."""
     packed = weight.endswith(".weight_packed")
     return packed or any(p.rpartition(".")[2] in FOREIGN_PARTS for p in fmt.parts)

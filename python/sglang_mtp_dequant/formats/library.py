@@ -7,11 +7,9 @@ Usage::
     decoder.consumed           # the companion names it reads (dropped from sglang's stream)
     w = decoder.decompress(stored, torch.bfloat16)
 
-Why a library: compressed-tensors 0.18.0 is sglang's own dependency and ships model-free
-decoders for its formats (``CompressedTensorsDequantizer``) and a converter from ModelOpt's NVFP4
-(``ModelOptNvfp4Converter``); matching, names and arithmetic are the library's. This module
-gathers one weight's tensors, checks they are there, and hands them over; it imports
-compressed-tensors lazily, so a ModelSlim checkpoint never does.
+Why a library: compressed-tensors is sglang's own dependency and ships model-free decoders for
+its formats and a converter from ModelOpt's NVFP4; this module gathers one weight's tensors,
+checks they are there and hands them over, importing it only when one is needed.
 """
 
 from __future__ import annotations
@@ -48,8 +46,7 @@ def decodes(format_name: str | None) -> bool:
 
 @dataclass
 class LibraryDecoder:
-    """One weight, decoded by compressed-tensors: its stored name, what it becomes, and the
-    small companion tensors read up front (``decompress`` gets the weight as it streams)."""
+    """One weight, decoded by compressed-tensors, its companion tensors read up front."""
 
     tensor: str  # the stored weight (``X.weight_packed`` or ``X.weight``)
     file: str
@@ -66,8 +63,7 @@ class LibraryDecoder:
     def decompress(
         self, stored: torch.Tensor, dtype: torch.dtype, only: Sequence[int] | None = None
     ) -> torch.Tensor:
-        """The float weight in ``dtype``, by compressed-tensors (``only`` is for fused experts,
-        which no format here stores)."""
+        """The float weight in ``dtype`` (``only``, for fused experts, never applies here)."""
         if stored.is_meta:  # a dry run (the doctor): shapes only
             return torch.empty(self.shape, dtype=dtype, device="meta")
         tensors = {self.tensor: stored, **self.companions}
@@ -91,9 +87,8 @@ class LibraryDecoder:
 def library_decoder(
     info: TensorInfo, companions: Mapping[str, TensorInfo], checkpoint: Checkpoint, fmt_name: str
 ) -> LibraryDecoder:
-    """The decoder of the weight ``info`` stored in ``fmt_name`` (one of ``DECODED_FORMATS``),
-    its companions read now. Raises ``DraftWeightError``: a companion is missing, or the
-    quantization_config does not cover the weight."""
+    """The decoder of ``info`` stored in ``fmt_name`` (one of ``DECODED_FORMATS``), its
+    companions read now; ``DraftWeightError`` when one is missing or not configured."""
     base = info.name.rpartition(".")[0]
     stored = (
         f"is stored as {fmt_name} ({info.dtype_name}, with "
@@ -168,8 +163,7 @@ def _logical_shape(
 
 @functools.lru_cache(maxsize=8)
 def _dequantizer(folder: str, dtype: torch.dtype) -> Any:
-    """compressed-tensors' model-free decoder for the checkpoint in ``folder`` (its
-    quantization_config parsed once)."""
+    """compressed-tensors' decoder for the checkpoint in ``folder``, its config parsed once."""
     from compressed_tensors.entrypoints.convert.converters.ct_dequantizer import (
         CompressedTensorsDequantizer,
     )
@@ -178,8 +172,7 @@ def _dequantizer(folder: str, dtype: torch.dtype) -> Any:
 
 
 def _modelopt_nvfp4(tensors: dict[str, torch.Tensor], output_name: str) -> torch.Tensor | None:
-    """ModelOpt's NVFP4 tensors through compressed-tensors' converter to its own NVFP4 layout,
-    then its NVFP4 decompressor."""
+    """ModelOpt's NVFP4 tensors through compressed-tensors' converter, then its decompressor."""
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.entrypoints.convert.converters.modelopt_nvfp4 import (
         ModelOptNvfp4Converter,

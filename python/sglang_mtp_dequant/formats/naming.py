@@ -6,8 +6,8 @@ Usage::
     split_companion("mtp.fc.weight_scale")          # ("mtp.fc", "weight_scale")
     expert_id("mtp.layers.0.mlp.experts.7.up_proj.weight")    # 7
 
-Why one module: the plan, the guard and verify depend on the same naming facts; kept apart,
-they drift. sglang's parameter names are ``serving/parameter_names.py``'s.
+Why one module: the plan, the guard and verify depend on the same naming facts. sglang's
+parameter names are ``serving/parameter_names.py``'s.
 """
 
 from __future__ import annotations
@@ -30,10 +30,8 @@ COMPANION_SUFFIXES = (
     "weight_dual_scale",
 )
 
-#: tensors a ModelSlim export keeps beside an attention block for Ascend's quantized attention
-#: and KV-cache kernels, not weights: FA3 per-head activation scales (``self_attn.fa_q.scale``,
-#: ``fa_k.offset``, ...: described ``FAQuant``, the offsets int8) and C8 KV-cache scales
-#: (``self_attn.k_proj.kv_cache_scale``, ``v_proj.kv_cache_offset``: described ``C8``)
+#: tensors (not weights) a ModelSlim export keeps for Ascend's quantized attention (FA3,
+#: described ``FAQuant``) and KV-cache (C8) kernels
 ATTENTION_QUANT = {
     "FA3": tuple(f"fa_{x}.{part}" for x in "qkv" for part in ("scale", "offset")),
     "C8": tuple(f"{p}_proj.kv_cache_{part}" for p in "kv" for part in ("scale", "offset")),
@@ -53,9 +51,9 @@ def mtp_prefix(_config: object = None) -> NameRule:
 
 
 def nextn_layer(config: object) -> NameRule:
-    """DeepSeek-V3 / GLM-4.5+ NextN: the layer after the target's last, ``model.layers.<id>``
-    with ``id = 0 if num_hidden_layers == 1 else num_hidden_layers``, as sglang's loaders take
-    it. ``config``: a ``CheckpointConfig`` or a built draft; without the field, nothing."""
+    """DeepSeek-V3 / GLM-4.5+ NextN: ``model.layers.<id>``, ``id = 0 if num_hidden_layers == 1
+    else num_hidden_layers``, as sglang's loaders take it (``config``: a ``CheckpointConfig`` or
+    a built draft; without the field, nothing)."""
     layers = decoder_layers(config)
     if layers is None:
         return lambda name: False
@@ -65,7 +63,7 @@ def nextn_layer(config: object) -> NameRule:
 
 def nextn_layer_multimodal(config: object) -> NameRule:
     """GLM-5-Next NextN: ``model.layers.<n>.`` and ``model.language_model.layers.<n>.``, ``n``
-    the text config's ``num_hidden_layers``, as its ``load_weights`` keeps them."""
+    the text config's ``num_hidden_layers``."""
     layers = decoder_layers(config)
     if layers is None:
         return lambda name: False
@@ -82,8 +80,8 @@ def decoder_layers(config: object) -> int | None:
 
 
 def config_value(config: object, key: str) -> Any:
-    """``key`` of a ``CheckpointConfig`` or of a built model's (or a bare) config object,
-    looked up at the top level and then in ``text_config``."""
+    """``key`` of a ``CheckpointConfig``, a built model's or a bare config, else its
+    ``text_config``'s."""
     value = getattr(config, "value", None)
     if callable(value):  # a CheckpointConfig
         return value(key)
@@ -95,8 +93,7 @@ def config_value(config: object, key: str) -> Any:
 
 
 def attention_quant_kind(name: str) -> str | None:
-    """``"FA3"`` or ``"C8"`` for a quantized-attention / KV-cache tensor (``ATTENTION_QUANT``),
-    else None; only under a ``self_attn`` block."""
+    """``"FA3"`` or ``"C8"`` for an ``ATTENTION_QUANT`` tensor under ``self_attn``, else None."""
     if ".self_attn." not in name:
         return None
     for kind, tails in ATTENTION_QUANT.items():
@@ -119,7 +116,7 @@ def is_bare_proj(name: str) -> bool:
 
 def fused_companion_base(name: str, names: Mapping[str, object] | set[str]) -> str | None:
     """The fused weight of ``<fused weight>_<suffix>`` (``experts.gate_up_proj_weight_scale``),
-    only when that weight is in ``names``, so no other name is ever taken for a companion."""
+    only when that weight is in ``names``."""
     for suffix in COMPANION_SUFFIXES:
         if name.endswith(f"_{suffix}"):
             base = name[: -len(suffix) - 1]

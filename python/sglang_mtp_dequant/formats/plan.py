@@ -9,12 +9,11 @@ Usage::
 
 Built from headers and the small companion tensors before sglang hands a weight to the
 draft's loaders, so a bad checkpoint stops the load before a parameter is written, and the
-doctor shows the same verdicts. Companions are read in one pass per file: O(tensors).
+doctor shows the same verdicts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -27,9 +26,8 @@ from .library import LibraryDecoder
 from .schemes import AffineDecoder, Scheme, infer_type, known_types, scheme_for
 from .schemes.base import refused
 
-#: dequantize: codes the plugin decodes; keep: a float tensor; pass: no weight, handed to
-#: sglang as it is (FA3 / C8 attention-quantization tensors, ``naming.ATTENTION_QUANT``);
-#: error: codes the plugin cannot decode (the load is refused)
+#: dequantize: codes the plugin decodes; keep: a float tensor; pass: no weight (FA3 / C8),
+#: handed to sglang as it is; error: codes the plugin cannot decode (the load is refused)
 Action = Literal["dequantize", "keep", "pass", "error"]
 
 
@@ -45,13 +43,11 @@ class PlannedTensor:
     companions: dict[str, TensorInfo] = field(default_factory=dict)
     decoder: AffineDecoder | LibraryDecoder | None = None
     error: DraftWeightError | None = None
-    #: the foreign format the weight is stored in (``foreign.py``), if not ModelSlim's
-    format: str | None = None
+    format: str | None = None  # the foreign format it is stored in (``foreign.py``), if any
 
     @property
     def output_name(self) -> str:
-        """The name the decoded weight is handed to sglang under (``X.weight`` for a packed
-        ``X.weight_packed``; the stored name otherwise)."""
+        """The name the decoded weight is handed on under (``X.weight`` for ``X.weight_packed``)."""
         return getattr(self.decoder, "output_name", None) or self.info.name
 
 
@@ -70,7 +66,7 @@ class DequantPlan:
         names = checkpoint.tensors
         pending: list[tuple[PlannedTensor, Scheme]] = []
         for name, info in sorted(names.items()):
-            if naming.is_companion(name, names) or _is_foreign_companion(name, names):
+            if naming.is_companion(name, names) or _is_foreign_companion(name):
                 continue
             entry, scheme = plan._classify(info)
             plan.entries[name] = entry
@@ -100,8 +96,7 @@ class DequantPlan:
         raise first.also_refused([e.info.name for e in errors[1:]])
 
     def _classify(self, info: TensorInfo) -> tuple[PlannedTensor, Scheme | None]:
-        """keep (float), error (codes nothing here decodes), or a scheme whose companions are
-        stored as it defines (to be prepared)."""
+        """keep, pass, error, or the scheme to prepare it with."""
         described = self.checkpoint.type_of(info.name)
         kind = naming.attention_quant_kind(info.name)
         if kind is not None:
@@ -244,11 +239,9 @@ _ATTENTION_QUANT_WHY = {
 }
 
 
-def _is_foreign_companion(name: str, names: Mapping[str, object]) -> bool:
-    """``X.weight_shape``, ``X.weight_zero_point``, ...: listed with their weight; without it
-    passed to sglang (the guard names the parameter left unwritten)."""
-    base = foreign.foreign_base(name)
-    return base is not None and not name.endswith(".weight_packed")
+def _is_foreign_companion(name: str) -> bool:
+    """``X.weight_shape``, ``X.weight_zero_point``, ...: listed with their weight."""
+    return foreign.foreign_base(name) is not None and not name.endswith(".weight_packed")
 
 
 def _as_draft_error(info: TensorInfo, exc: CheckpointFormatError) -> DraftWeightError:
@@ -256,8 +249,7 @@ def _as_draft_error(info: TensorInfo, exc: CheckpointFormatError) -> DraftWeight
 
 
 def _scheme_named(info: TensorInfo, described: str | None, type_name: str | None) -> Scheme:
-    """The scheme that decodes ``info``'s codes, or the error saying why none does (no scale
-    says how, or a scheme this plugin does not decode)."""
+    """The scheme that decodes ``info``'s codes, or the error saying why none does."""
     scheme = scheme_for(type_name) if type_name else None
     if scheme is not None:
         return scheme

@@ -8,8 +8,8 @@ Usage::
     context.resolution_of("/ckpt")                  # the newest such resolution of a path
     context.draft_launch()                          # the draft's path, revision, --download-dir
 
-Why one module: the hooks, the Ray set-up and the CLI all need these facts, and one copy keeps
-them agreeing. It imports only ``formats/``. A hooked draft load keeps its own (``load.py``).
+Why one module: the hooks, the Ray set-up and the CLI need these facts, and one copy keeps them
+agreeing. A hooked draft load keeps its own (``load.py``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from . import releases
 
 #: hook targets registered in this process (``plugin.register()`` may run more than once)
 _registered: set[str] = set()
-#: requested path -> sglang's newest resolution of it outside a hooked draft load (what a
-#: draft load that resolves nothing itself streams)
+#: requested path -> sglang's newest resolution of it outside a hooked draft load
 _resolved_outside: dict[str, WeightSource] = {}
 _lock = threading.Lock()
 
@@ -44,13 +43,13 @@ BYPASS: contextvars.ContextVar[bool] = contextvars.ContextVar("mtp_dequant_bypas
 
 
 def is_bypassed() -> bool:
-    """Whether this code runs inside ``plugin.bypassed()`` (the CLI's "as stock sglang" builds
-    and loads): every hook of the plugin then leaves sglang's own answer alone."""
+    """Inside ``plugin.bypassed()`` (the CLI's stock builds and loads), where every hook of the
+    plugin leaves sglang's own answer alone."""
     return BYPASS.get()
 
 
 def sglang_version() -> str:
-    """The installed sglang's version, or "unknown" (``releases.installed_version``)."""
+    """The installed sglang's version, or "unknown"."""
     return releases.installed_version()
 
 
@@ -89,8 +88,7 @@ def resolution_of(path: str) -> WeightSource | None:
 
 
 def draft_launch() -> DraftLaunch | None:
-    """The draft's checkpoint as sglang's draft worker loads it (its resolved draft path and
-    revision, ``--download-dir``, the draft's load format), or None outside sglang."""
+    """The draft's checkpoint as sglang's draft worker loads it, or None outside sglang."""
     try:
         from .sglang_private import draft_server_args
 

@@ -7,10 +7,8 @@ Usage::
         is_draft = spec.draft_names(model)       # name -> bool, for this built model
     spec = spec_for_architecture("Qwen3_5ForConditionalGeneration")
 
-The name rule (``naming.py``) is per class: Qwen's MTP heads live under ``mtp.``, DeepSeek/GLM
-NextN layers as ``model.layers.<num_hidden_layers>.``. One entry per ``load_weights`` that runs,
-never per class: hooking a subclass that only inherits the method would wrap the wrapped parent
-and run the hook twice, so such subclasses are ``inherited_by`` (they reach it through the MRO).
+One entry per ``load_weights`` that runs, never per class: hooking a subclass that only
+inherits the method would run the hook twice, so such subclasses are ``inherited_by``.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ from ..formats.naming import NameRule, mtp_prefix, nextn_layer, nextn_layer_mult
 
 #: what a name rule reads the draft's layout from: a built draft, config.json, or nothing
 DraftSource = torch.nn.Module | CheckpointConfig | None
-#: builds one draft's name predicate (``naming.mtp_prefix``, ``naming.nextn_layer``, ...)
 NameRuleFactory = Callable[[DraftSource], NameRule]
 
 
@@ -33,18 +30,13 @@ NameRuleFactory = Callable[[DraftSource], NameRule]
 class DraftSpec:
     """One hooked draft class."""
 
-    #: dotted path of the ``load_weights`` that runs for this draft
-    target: str
-    #: architectures (``config.json`` ``architectures``) whose draft this class is
-    architectures: tuple[str, ...]
-    #: builds the name predicate for a built draft model (or a ``CheckpointConfig``)
-    name_rule: NameRuleFactory
-    #: dotted paths of draft classes that inherit this ``load_weights`` (hooked through it)
-    inherited_by: tuple[str, ...] = ()
+    target: str  # dotted path of the ``load_weights`` that runs for this draft
+    architectures: tuple[str, ...]  # config.json architectures whose draft this class is
+    name_rule: NameRuleFactory  # ``naming.mtp_prefix``, ``naming.nextn_layer``, ...
+    inherited_by: tuple[str, ...] = ()  # draft classes that inherit this ``load_weights``
     #: parameter tokens the draft takes from the target after loading (``set_embed_and_head``)
     from_target: tuple[str, ...] = ("embed_tokens", "lm_head")
-    #: checkpoint names its ``load_weights`` reads besides its name rule's (sglang 0.5.23)
-    loads_besides: tuple[str, ...] = ()
+    loads_besides: tuple[str, ...] = ()  # names its ``load_weights`` reads besides the rule's
 
     @property
     def class_name(self) -> str:
@@ -52,16 +44,15 @@ class DraftSpec:
 
     @property
     def hook_name(self) -> str:
-        """The ``__qualname__`` of the plugin's hook on this ``load_weights``: how the hook is
-        told among the wrappers installed on the method (``ray_setup.inactive_targets``)."""
+        """The ``__qualname__`` of the plugin's hook on this ``load_weights``
+        (``ray_setup.inactive_targets`` finds it by that)."""
         return f"sglang_mtp_dequant[{self.class_name}]"
 
     def draft_names(self, model_or_config: DraftSource) -> NameRule:
         return self.name_rule(model_or_config)
 
     def kept_names(self, model_or_config: DraftSource) -> NameRule:
-        """Every checkpoint name the class's ``load_weights`` keeps (its name rule's and
-        ``loads_besides``): what the narrowed stream must carry."""
+        """Every checkpoint name the class's ``load_weights`` keeps: what the narrowing keeps."""
         rule, besides = self.name_rule(model_or_config), frozenset(self.loads_besides)
         return lambda name: rule(name) or name in besides
 
@@ -79,15 +70,12 @@ DRAFT_SPECS: tuple[DraftSpec, ...] = (
             "Qwen4ExpForConditionalGeneration",
         ),
         name_rule=mtp_prefix,
-        # the target's embedding, into the draft's own copy: a last-stage draft under PP
-        # keeps it (set_embed_and_head cannot share it there); elsewhere it is replaced
+        # the target's embedding, into the draft's own copy (kept by a last-stage draft under PP)
         loads_besides=("model.embed_tokens.weight", "model.language_model.embed_tokens.weight"),
-        # defines no load_weights of its own: Qwen3.5's (hooked) runs for it
         inherited_by=(f"{_MODELS}.qwen4_exp_mtp.Qwen4ExpForCausalLMMTP",),
     ),
     DraftSpec(
-        # its own load_weights calls Qwen3NextForCausalLM.load_weights(is_mtp=True); the
-        # target runs that parent method too, so only the MTP subclass is hooked
+        # its load_weights calls the target's (is_mtp=True): only the MTP subclass is hooked
         target=f"{_MODELS}.qwen3_next_mtp.Qwen3NextForCausalLMMTP.load_weights",
         architectures=("Qwen3NextForCausalLM",),
         name_rule=mtp_prefix,
@@ -108,15 +96,13 @@ DRAFT_SPECS: tuple[DraftSpec, ...] = (
         name_rule=nextn_layer,
     ),
     DraftSpec(
-        # a DeepseekV3ForCausalLMNextN subclass whose own load_weights never calls super():
-        # hooked by itself, so the DeepSeek hook below does not see it
+        # a DeepseekV3ForCausalLMNextN subclass whose load_weights never calls super()
         target=f"{_MODELS}.glm5_next_nextn.Glm5NextForConditionalGenerationNextN.load_weights",
         architectures=("Glm5NextForConditionalGeneration",),
         name_rule=nextn_layer_multimodal,
     ),
     DraftSpec(
-        # GLM-5's GlmMoeDsaForCausalLMNextN overrides load_weights but ends in
-        # super().load_weights(weights), i.e. this hook, with the same layer naming
+        # GLM-5's GlmMoeDsaForCausalLMNextN ends its load_weights in super()'s: this one
         target=f"{_MODELS}.deepseek_nextn.DeepseekV3ForCausalLMNextN.load_weights",
         architectures=("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"),
         name_rule=nextn_layer,
@@ -133,8 +119,7 @@ def spec_for_architecture(architecture: str | None) -> DraftSpec | None:
 
 
 def spec_for_class(cls: type) -> DraftSpec | None:
-    """The hooked spec whose ``load_weights`` runs for draft class ``cls`` (itself or a base:
-    GLM-5's ``GlmMoeDsaForCausalLMNextN`` reaches DeepSeek's through ``super()``)."""
+    """The hooked spec whose ``load_weights`` runs for draft class ``cls`` (its own or a base's)."""
     names = {f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__}
     for spec in DRAFT_SPECS:
         owner = spec.target.rsplit(".", 1)[0]
@@ -144,8 +129,7 @@ def spec_for_class(cls: type) -> DraftSpec | None:
 
 
 def draft_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype the draft's float parameters were built in: the most common floating dtype
-    (a few fp32 buffers must not turn a bf16 draft's weights into fp32)."""
+    """The dtype the draft's float parameters were built in: the most common floating dtype."""
     counts: dict[torch.dtype, int] = {}
     for param in model.parameters():
         if param.is_floating_point():

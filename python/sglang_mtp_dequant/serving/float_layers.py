@@ -5,11 +5,10 @@ Usage (``plugin.register`` arranges the hook in every sglang process)::
     FLOAT_LAYER_HOOKS                # one AROUND hook on ModelSlimConfig.get_quant_method
     builds_as_the_plugin(config)     # the CLI's and benchmarks' build: the hook's own answers
 
-Why: ``get_moe_scheme`` has no FLOAT scheme, so experts marked FLOAT (Qwen3.6-35B-A3B's MTP
-experts, a GLM-5 NextN layer the shipped recipe excludes) stop a ModelSlim build (sglang #34211).
-As vllm-ascend decides per layer, such a layer gets None (sglang's ``UnquantizedFusedMoEMethod``,
-the floats loaded as stored); experts part FLOAT are refused naming the layer and the launch that
-serves it. A NextN layer built as ``model.decoder`` is looked up under its checkpoint name.
+Why: ``get_moe_scheme`` has no FLOAT scheme, so experts marked FLOAT stop a ModelSlim build
+(sglang #34211). As vllm-ascend decides per layer, such a layer gets None (sglang's unquantized
+MoE method, the floats loaded as stored); experts part FLOAT are refused naming the layer and the
+launch that serves it.
 """
 
 from __future__ import annotations
@@ -45,10 +44,8 @@ TARGET_WAY_OUT = (
 def expert_precision(quant_config: Any, layer: str, num_experts: int) -> ExpertPrecision:
     """What ``quant_config``'s description says of the experts of the layer sglang builds as
     ``layer``, under the name the description gives it."""
-    description, named = (
-        quant_config.quant_description,
-        described_as(quant_config.quant_description, layer),
-    )
+    description = quant_config.quant_description
+    named = described_as(description, layer)
 
     def resolve(prefix: str) -> str:
         return sglang_private.resolve_quant_prefix(quant_config, prefix)
@@ -76,9 +73,8 @@ _SAID: set[str] = set()
 def quant_method(
     original: Callable[..., Any], quant_config: Any, layer: Any, prefix: str, *args: Any, **kw: Any
 ) -> Any:
-    """The hook's answer for one layer: None (sglang's unquantized MoE method) for a FusedMoE
-    whose experts are all FLOAT, ``MixedPrecisionLayerError`` for one part FLOAT, sglang's own
-    answer for every other layer."""
+    """None (sglang's unquantized MoE method) for a FusedMoE whose experts are all FLOAT,
+    ``MixedPrecisionLayerError`` for one part FLOAT, sglang's own answer for any other layer."""
     num_experts = _fused_moe_experts(layer)
     if num_experts is None:
         return original(quant_config, layer, prefix, *args, **kw)
@@ -109,9 +105,8 @@ def float_moe_quant_method(original: Callable[..., Any], *args: Any, **kwargs: A
 
 
 def builds_as_the_plugin(quant_config: Any) -> None:
-    """``quant_config`` answering every layer as the hook does, whether or not the plugin is
-    registered in this process: the ``adjust_quant_config`` of the CLI's and the benchmarks'
-    build of a draft as the plugin builds it (``cpu_sglang.build_draft``)."""
+    """``quant_config`` answering every layer as the hook does, registered or not: the
+    ``adjust_quant_config`` of the CLI's and the benchmarks' builds as the plugin's."""
     original = sglang_private.unwrapped(type(quant_config).get_quant_method)
     quant_config.get_quant_method = functools.partial(quant_method, original, quant_config)
 

@@ -3,14 +3,12 @@ size, not the checkpoint's.
 
 Usage::
 
-    choice = choose_files(folder, files, keeps)   # a draft load (load.DraftLoad.resolved), and
-                                                  # the doctor offline: the same choice
+    choice = choose_files(folder, files, keeps)   # a draft load, and the doctor offline
     choice.kept, choice.summary()           # "streamed 1 of 5 weight files, skipped 4 ..."
     walk = count_walk(choice, keeps)        # tensors and files, stock and with the plugin
 
-Why: sglang streams the draft every tensor of the target's checkpoint (hundreds of thousands
-in a ModelSlim MoE export) and its ``load_weights`` drops all but its own; the index says which
-file holds each name, so files with none the draft keeps are left out (rules: ``choose_files``).
+Why: sglang streams the draft every tensor of the target's checkpoint and its ``load_weights``
+drops all but its own; the index says which file holds each name (rules: ``choose_files``).
 """
 
 from __future__ import annotations
@@ -41,17 +39,11 @@ class FileChoice:
     """Which of the files sglang resolved a draft load streams, and why."""
 
     folder: str
-    #: the files sglang resolved, in its order
-    resolved: tuple[str, ...]
-    #: the files the draft load streams (a subsequence of ``resolved``)
-    kept: tuple[str, ...]
-    #: the index files the choice was made from (names under ``folder``)
-    indexes: tuple[str, ...] = ()
-    #: why nothing was narrowed (None: narrowed, or nothing to narrow)
-    not_narrowed: str | None = None
-    #: whether the index lists any draft tensor (if not, the draft is in files it does not
-    #: list, as ``maybe_add_mtp_safetensors``'s ``mtp.safetensors``, or nowhere)
-    indexed_draft: bool = True
+    resolved: tuple[str, ...]  # the files sglang resolved, in its order
+    kept: tuple[str, ...]  # the files the draft load streams (a subsequence)
+    indexes: tuple[str, ...] = ()  # the index files the choice was made from
+    not_narrowed: str | None = None  # why nothing was narrowed
+    indexed_draft: bool = True  # the index lists a draft tensor
 
     @property
     def skipped(self) -> tuple[str, ...]:
@@ -93,12 +85,8 @@ def choose_files(
     keeps: NameRule,
     indexes: dict[str, object] | None = None,
 ) -> FileChoice:
-    """The files of ``files`` a draft whose ``load_weights`` keeps ``keeps`` needs.
-
-    Kept: a file an index of ``folder`` maps a kept name to, or that no index lists; no
-    readable index: nothing is narrowed. A wrong index leaves a parameter unwritten, which the
-    guard refuses naming the files skipped. Files are compared by their path under the folder.
-    """
+    """The files of ``files`` a draft whose ``load_weights`` keeps ``keeps`` needs: those an
+    index of ``folder`` maps a kept name to, or no index lists; no readable index: all."""
     resolved = tuple(files)
     if not narrowing_enabled():
         return FileChoice(folder, resolved, resolved, not_narrowed=f"{NARROW_ENV}=off")
@@ -113,7 +101,6 @@ def choose_files(
         if shards is None or not isinstance(weight_map, dict):
             return FileChoice(folder, resolved, resolved, not_narrowed=f"{name} unreadable")
         listed |= shards
-        # one C-level pass over the names: the rule's verdicts select their shards
         needed.update(compress(weight_map.values(), map(keeps, weight_map)))
     listed, needed = {os.path.normpath(s) for s in listed}, {os.path.normpath(s) for s in needed}
     kept = tuple(f for f in resolved if _under(f, folder) not in listed - needed)
@@ -121,8 +108,8 @@ def choose_files(
 
 
 def read_indexes(folder: str) -> dict[str, object]:
-    """Index file name -> its parsed JSON (None: not readable as JSON), for every index in
-    ``folder``: parsed once per load, for the narrowing and the plan (``Checkpoint.open``)."""
+    """Index file name -> its parsed JSON (None: unreadable), every index in ``folder``: parsed
+    once per load, for the narrowing and the plan."""
     found: dict[str, object] = {}
     for path in glob.glob(os.path.join(glob.escape(folder), INDEX_PATTERN)):
         try:
@@ -146,8 +133,7 @@ class Walk:
     plugin_files: int
     plugin_tensors: int
     choice: FileChoice
-    #: skipped file -> a draft tensor its header holds (an index that is wrong about it)
-    missed: dict[str, str] = field(default_factory=dict)
+    missed: dict[str, str] = field(default_factory=dict)  # skipped file -> a draft tensor in it
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -161,8 +147,8 @@ class Walk:
 
 
 def count_walk(choice: FileChoice, keeps: NameRule) -> Walk:
-    """The tensors each load walks, counted in the files' headers (stock walks every file
-    sglang resolved, the plugin ``choice.kept``), and any draft tensor a skipped file holds."""
+    """The tensors each load walks, counted in the headers, and any draft tensor a skipped file
+    holds."""
     counts: dict[str, int] = {}
     missed: dict[str, str] = {}
     skipped = set(choice.skipped)

@@ -7,9 +7,9 @@ Usage::
     owned.kept_experts("mtp.layers.0.mlp.experts.gate_up_proj", 256)  # [0, ..., 127]
 
 Why: under expert parallelism every expert streams to every rank and each rank's
-``FusedMoE.weight_loader`` drops the others'; decoding those would cost O(layer) per rank. The
-answer is the built layer's own mapping, and "keep" wherever the layer places experts otherwise
-(a kept expert costs time, a dropped one correctness).
+``FusedMoE.weight_loader`` drops the others'. The answer is the built layer's own mapping, and
+"keep" wherever the layer places experts otherwise (a kept expert costs time, a dropped one
+correctness).
 """
 
 from __future__ import annotations
@@ -78,9 +78,8 @@ class ExpertOwnership:
 
     @staticmethod
     def _keeps_all(module: torch.nn.Module) -> bool:
-        """Placements the plain mapping does not describe: keep every expert. The test is the
-        one ``FusedMoE.weight_loader`` makes (drafts, built in sglang's speculative scope, never
-        use expert-location metadata)."""
+        """Placements the plain mapping does not describe: keep every expert (the test
+        ``FusedMoE.weight_loader`` makes)."""
         if getattr(module, "uses_expert_location", False) and _expert_location_metadata():
             return True  # EPLB: physical replicas decide, not the mapping
         for param in module.parameters(recurse=False):

@@ -6,8 +6,7 @@ Usage::
     NameIndex(checkpoint_names).sources_of("model.layers.0.qkv_proj.weight")
     # -> ["mtp.layers.0.self_attn.q_proj.weight", "...k_proj.weight", "...v_proj.weight"]
 
-Why in serving/: parameter names (``w13_weight``, the stacked ``qkv_proj``) are sglang's;
-``formats/`` knows checkpoints only.
+Why in serving/: parameter names are sglang's; ``formats/`` knows checkpoints only.
 """
 
 from __future__ import annotations
@@ -20,8 +19,8 @@ NEUTRAL_TOKENS = frozenset({"model", "mtp", "language_model", "self_attn"})
 EXPERT_PARTS = {"w13_weight": ("gate_proj", "up_proj"), "w2_weight": ("down_proj",)}
 #: the same, when the checkpoint stores all experts fused in one tensor (no ``.weight``)
 FUSED_EXPERTS = {"w13_weight": "gate_up_proj", "w2_weight": "down_proj"}
-#: stacked parameters and their checkpoint parts where a class declares none (the MLA drafts
-#: concatenate q_a and kv_a in their loaders whether or not the class lists it)
+#: stacked parameters and their checkpoint parts where a class declares none (the MLA drafts'
+#: loaders concatenate q_a and kv_a either way)
 DEFAULT_PACKED = {
     "qkv_proj": ["q_proj", "k_proj", "v_proj"],
     "gate_up_proj": ["gate_proj", "up_proj"],

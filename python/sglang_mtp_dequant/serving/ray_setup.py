@@ -1,19 +1,13 @@
 """The plugin in sglang's Ray scheduler actors: activated there, or the launch is refused.
 
-Usage::
+Usage (nothing to do where the driver leaves Ray uninitialized: the launch guard does it)::
 
-    # Nothing to do for `--use-ray` or `RayEngine(...)` in a driver that has not initialized
-    # Ray: the launch guard initializes Ray with ``setup`` before the first actor exists.
-    # A driver that initializes Ray itself (or `ray job submit --runtime-env-json`) passes:
-    ray.init(runtime_env={"worker_process_setup_hook": SETUP_HOOK})
-    # or a hook of its own that calls setup(): accepted when the job's workers report the
-    # plugin's hook applied (workers_without_plugin), whatever the hook is called
+    ray.init(runtime_env={"worker_process_setup_hook": SETUP_HOOK})   # or a hook calling setup()
 
 Why: sglang's Ray ``SchedulerActor`` builds the draft but never calls ``load_plugins()``; the
 only public way to run code in every worker of a job is its ``worker_process_setup_hook``.
-``setup()`` is that hook; ``guard_ray_launch``, in the driver, initializes Ray with it, or asks a
-worker per node of an already-initialized job and refuses the launch when one lacks the hook
-(docs/deployment.md, "Ray").
+``guard_ray_launch`` initializes Ray with ``setup``, or asks a worker per node of an initialized
+job and refuses the launch when one lacks the hook (docs/deployment.md, "Ray").
 """
 
 from __future__ import annotations
@@ -36,16 +30,14 @@ from .drafts import DRAFT_SPECS
 
 logger = logging.getLogger("sglang_mtp_dequant")
 
-#: what Ray imports and calls in each worker process of the job
 SETUP_HOOK = "sglang_mtp_dequant.serving.ray_setup.setup"
-#: the driver-side step right before sglang creates its SchedulerActors
 LAUNCH_TARGET = sglang_private.RAY_LAUNCH_TARGET
 #: where Ray keeps a job's setup hook once ray.init has processed the runtime env
 _RAY_HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 #: set by `ray job submit` for the entrypoint driver: the job's config, runtime env included
 _RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
-#: how long the launch check waits for a Ray worker per node to report: a hang guard
+#: how long the launch check waits for a Ray worker per node to report
 PROBE_TIMEOUT_S = 300.0
 
 _guard_registered = False
@@ -78,8 +70,8 @@ def setup() -> None:
 
 
 def inactive_targets() -> list[str]:
-    """Draft classes of this sglang whose ``load_weights`` does not run this plugin's hook in
-    this process, read from the installed methods (``HookRegistry``'s record is no proof)."""
+    """Draft classes of this sglang whose installed ``load_weights`` lacks this plugin's hook in
+    this process (``HookRegistry``'s record is no proof)."""
     missing = []
     for spec in DRAFT_SPECS:
         try:
@@ -122,10 +114,9 @@ def register_launch_guard() -> None:
 
 
 def guard_ray_launch(cls: type, *args: Any, **kwargs: Any) -> None:
-    """BEFORE ``RayEngine._launch_scheduler_processes``: no actor exists yet. sglang's first
-    Ray call would ``ray.init()`` with no arguments; doing it here with the setup hook is the
-    same, plus the hook. Any other job is judged by what a worker per node reports
-    (``workers_without_plugin``), whatever hook it was given."""
+    """BEFORE ``RayEngine._launch_scheduler_processes``, no actor yet: ``ray.init()`` as
+    sglang's first Ray call would, plus the setup hook; a job initialized otherwise is judged by
+    what a worker per node reports (``workers_without_plugin``)."""
     server_args = kwargs.get("server_args", args[0] if args else None)
     if not draft_may_need_plugin(server_args):
         return
@@ -159,16 +150,13 @@ def guard_ray_launch(cls: type, *args: Any, **kwargs: Any) -> None:
 
 
 def worker_report() -> dict[str, Any]:
-    """What one Ray worker of the job reports, run in it as a task, so after the job's
-    ``worker_process_setup_hook`` ran there: its pid and the draft targets whose
-    ``load_weights`` lacks the plugin's hook in its process (``inactive_targets``)."""
+    """What one Ray worker of the job reports, run in it as a task (after its setup hook)."""
     return {"pid": os.getpid(), "inactive": inactive_targets()}
 
 
 def workers_without_plugin(ray: Any) -> list[str]:
-    """One line per alive Ray node whose worker of this job reports a draft class unhooked,
-    or no report (a raising setup hook ends its worker; a hang: ``PROBE_TIMEOUT_S``). The probe
-    asks for no CPU, is not retried, and fails on a node without this package."""
+    """One line per alive Ray node whose worker of this job reports a draft class unhooked, or
+    no report (a raising setup hook ends its worker; a hang: ``PROBE_TIMEOUT_S``)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     probe = ray.remote(num_cpus=0, max_retries=0)(worker_report)
@@ -222,9 +210,8 @@ def _submitted_job_runtime_env() -> dict | None:
 
 
 def draft_may_need_plugin(server_args: Any) -> bool:
-    """False only when no draft is configured, or it is a local folder whose ``*.safetensors``
-    hold no draft tensor stored as codes. Anything else (a hub id, an unreadable folder) needs
-    the plugin: refusing a launch that would have worked is loud, the opposite silent."""
+    """False only for no draft, or a local folder whose draft tensors hold no codes: refusing a
+    launch that would have worked is loud, the opposite silent."""
     if not getattr(server_args, "speculative_algorithm", None):
         return False
     path = getattr(server_args, "speculative_draft_model_path", None) or getattr(

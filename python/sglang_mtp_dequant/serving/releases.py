@@ -6,10 +6,9 @@ Usage::
     if not support.supported:
         logger.warning("%s", support.out_of_range())   # names the version and the range
 
-Why a declared range: sglang's private surface moves between releases. ``TESTED`` is what the
-compatibility matrix (``make compat``) proved; below ``MINIMUM`` the plugin registers nothing
-and the CLI refuses; a newer release is allowed, each hook target checked on its own.
-``pyproject.toml``'s ``sglang`` extra states the same range. Imports nothing of sglang.
+Why a declared range: sglang's private surface moves between releases. ``TESTED`` is what
+``make compat`` proved; below ``MINIMUM`` the plugin registers nothing and the CLI refuses; a
+newer release is allowed, each hook target checked on its own.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import importlib.util
 import re
 from dataclasses import dataclass
 
-#: every sglang release the matrix ran on, oldest first (docs/results.md, section 6)
+#: every sglang release the matrix ran on, oldest first
 TESTED: tuple[str, ...] = tuple(f"0.5.{minor}" for minor in range(14, 24))
 #: the oldest supported release: the plugin registers nothing below it
 MINIMUM = TESTED[0]
@@ -56,8 +55,7 @@ class Support:
 
     @property
     def supported(self) -> bool:
-        """At least ``MINIMUM``; an unreadable version is given the benefit of the doubt
-        (each hook target is checked on its own anyway)."""
+        """At least ``MINIMUM`` (an unreadable version too: each hook target is checked)."""
         return self.release is None or self.release >= _MINIMUM
 
     @property
@@ -95,9 +93,8 @@ def installed() -> Support:
 
 
 def module_absent(module: str) -> bool:
-    """Whether this sglang has no module ``module`` at all: a draft family added after its
-    release (GLM-5's NextN from 0.5.20), whose misload cannot happen here. A module that
-    exists but fails to import is not absent (``plugin.unresolvable`` reports it)."""
+    """Whether this sglang has no module ``module`` (a draft family added after its release); a
+    module that fails to import is not absent (``plugin.unresolvable`` reports it)."""
     try:
         return importlib.util.find_spec(module) is None
     except ModuleNotFoundError:  # a parent package is missing

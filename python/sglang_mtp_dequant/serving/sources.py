@@ -1,15 +1,12 @@
 """Where a checkpoint's weight files come from, offline: exactly what sglang's loader resolves.
 
-Usage::
+Usage (the CLI, and a draft load sglang reported no files for)::
 
-    # the CLI (doctor, verify) and a draft load sglang reported no files for: sglang's own
-    # resolution, offline, from the local cache only
     source = resolve_offline("acme/Qwen3.5-27B-w8a8", download_dir="/data/hub", revision=None)
 
-Why call sglang rather than re-derive: folders, snapshots, cached hub ids, revisions,
-ModelScope, index filtering, a stray ``mtp.safetensors``: each rule written again would be one
-more way to plan from files that are not the ones streamed. A server records what sglang's two
-functions returned (``load.py``); the CLI calls them here.
+Why call sglang rather than re-derive: each of its rules (snapshots, hub ids, revisions,
+ModelScope, index filtering, ``mtp.safetensors``) written again would be one more way to plan
+from files that are not the ones streamed.
 """
 
 from __future__ import annotations
@@ -48,9 +45,8 @@ def resolve_offline(
     revision: str | None = None,
     publish: Callable[[str], None] | None = None,
 ) -> WeightSource:
-    """The folder and weight files sglang would load for ``path`` (a folder or a cached hub
-    id; ``download_dir`` and ``revision`` as sglang's flags), without the network. Outside a
-    scheduler ``publish`` is called with the local folder found, before sglang resolves it
+    """The folder and weight files sglang would load for ``path`` (a folder or a cached hub id),
+    without the network; outside a scheduler ``publish`` gets the local folder first
     (``CheckpointFormatError``: neither a folder nor a cached hub model)."""
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.model_loader.loader import DefaultModelLoader
@@ -87,9 +83,8 @@ def resolve_offline(
 
 
 def _local_copy(loader: Any, path: str, revision: str | None) -> str:
-    """The local folder sglang's ``_prepare_weights`` starts from: ``path`` itself, its
-    ModelScope download, or its Hugging Face snapshot (the default cache, or
-    ``--download-dir``), each by sglang's own function."""
+    """The local folder sglang's ``_prepare_weights`` starts from (``path``, its ModelScope or
+    Hugging Face copy), by sglang's own functions."""
     from sglang.srt.model_loader.weight_utils import download_weights_from_hf
 
     local = sglang_private.modelscope_local_copy(loader, path, revision)

@@ -8,8 +8,7 @@ Usage::
     print(stream.stats.dequantized, stream.stats.seconds)
 
 Why the stream and not a fix-up of parameters afterwards: sglang's loaders shard, stack and
-scatter by name; the right float tensor under the checkpoint's own name lets every path (and
-TP rank) work unchanged. One tensor is decoded at a time, as it streams by.
+scatter by name, so a float tensor under the checkpoint's own name works on every path and rank.
 """
 
 from __future__ import annotations
@@ -46,13 +45,9 @@ class StreamStats:
 
 
 class DequantizingStream:
-    """Dequantizes the planned draft weights of one load and drops their companions.
-
-    The plan is made when the first tensor arrives (sglang resolves its files then), before
-    any reaches the draft's loaders. A planned weight arriving already float passes untouched (no
-    double dequantization); an expert this rank drops passes undecoded (``ownership.py``); a code
-    weight the plan does not know is refused (it would be copied as raw codes).
-    """
+    """Dequantizes the planned draft weights of one load and drops their companions; planned on
+    the first tensor (sglang resolves its files then). A planned weight already float, or an
+    expert this rank drops, passes untouched; a code weight the plan does not know is refused."""
 
     def __init__(
         self,
@@ -71,12 +66,9 @@ class DequantizingStream:
         self.owned = owned
         self.missing_plan_hint = missing_plan_hint
         self.stats = StreamStats()
-        #: draft checkpoint name -> dtype it streamed as (the guard names sources from it)
-        self.streamed: dict[str, torch.dtype] = {}
-        #: told of each draft tensor handed to sglang (the completeness audit)
-        self.observer = observer
-        #: refuse a draft weight streaming as codes the plan does not decode (an unquantized
-        #: draft); off for a quantized draft, whose quantized layers consume codes
+        self.streamed: dict[str, torch.dtype] = {}  # draft name -> the dtype it streamed as
+        self.observer = observer  # told of each draft tensor handed on (the completeness audit)
+        #: off for a draft built quantized, whose quantized layers consume codes
         self.refuse_raw_codes = refuse_raw_codes
 
     def apply(self, weights: Weights) -> Iterator[tuple[str, torch.Tensor]]:
@@ -138,7 +130,7 @@ class DequantizingStream:
                 hint="the checkpoint changed during loading, or two files hold this name",
             )
         decoder = entry.decoder
-        assert decoder is not None  # every entry of ``to_dequantize`` has its decoder
+        assert decoder is not None
         only = None
         if self.owned is not None:
             if not self.owned.keeps(name):
@@ -158,7 +150,5 @@ class DequantizingStream:
 
 
 def _is_code_weight(name: str, tensor: torch.Tensor) -> bool:
-    """A weight (not a companion) streaming as integer or float8 codes. Integer companions of
-    float weights (quant_bias, an int64 deq_scale, ...) are left to sglang as stock would; a
-    weight itself must never arrive as codes."""
+    """A weight (not a companion: those are left to sglang) streaming as codes."""
     return is_code_dtype(tensor.dtype) and (name.endswith("weight") or naming.is_bare_proj(name))

@@ -1,7 +1,6 @@
-"""Whether a draft class's ``load_weights`` is sglang's own fix (``upstream/series/``, PR 1),
-detected by what the code does, not by a version, a name or a place: it calls, through a global
-of its module, a function that decodes a ModelSlim W8A8_DYNAMIC stream (asked here for one
-weight), and the module's NPU check, which gates that call in PR 1, is true.
+"""Whether a draft class's ``load_weights`` is sglang's own fix (``upstream/series/``, PR 1), by
+what the code does: it calls, through a global of its module, a function that decodes a one-weight
+W8A8_DYNAMIC probe stream, and the module's NPU check, which gates that call, is true.
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@ Usage::
     if not found.active:
         print(found.why)    # "SGLANG_PLUGINS='none' does not name mtp_dequant: ..."
 
-Rather than restate sglang's rules (entry points filtered by ``SGLANG_PLUGINS`` and
-``SGLANG_PLATFORM``), this asks its ``load_plugins_by_group`` which plugins it would load, and
-only then explains a missing one; it imports the allowed entry points but calls none.
+Rather than restate sglang's rules, this asks its ``load_plugins_by_group`` which plugins it
+would load, and only then explains a missing one.
 """
 
 from __future__ import annotations

@@ -7,10 +7,9 @@ Usage::
     sglang-mtp-dequant verify /models/Qwen3.5-27B-w8a8 [--reference mtp_float.safetensors]
     sglang-mtp-dequant doctor -- python -m sglang.launch_server --model-path /m --device cuda
 
-PATH is what sglang gets as ``--model-path`` (a folder, a snapshot, a cached hub id: never
-downloaded). Inputs are checked before sglang is imported (``preflight.py``); any other flags
-are sglang launch flags (``launch.py``). sglang's output goes to a log file of this run (or the
-terminal with ``-v``), the answer alone to stdout; the exit status is the verdict's.
+PATH is what sglang gets as ``--model-path`` (never downloaded); other flags are sglang launch
+flags (``launch.py``). sglang's output goes to a log file of this run (or the terminal with
+``-v``), the answer alone to stdout; the exit status is the verdict's.
 """
 
 from __future__ import annotations
@@ -232,9 +231,8 @@ def _input_error_json(args: argparse.Namespace, wrong: InputError) -> dict[str, 
 
 @contextlib.contextmanager
 def _sglang_output(log: str | None) -> Iterator[Callable[[str], None]]:
-    """Everything written to stdout and stderr, and the plugin's INFO lines, into ``log`` (None:
-    the terminal's stderr); yields a function printing progress to the terminal's stderr
-    (stdout carries the answer only, so ``--json | jq`` works)."""
+    """stdout, stderr and the plugin's INFO lines into ``log`` (None: the terminal's stderr);
+    yields a function printing progress to the terminal's stderr (stdout is the answer's)."""
     plugin_log = logging.getLogger("sglang_mtp_dequant")
     level = plugin_log.level
     plugin_log.setLevel(logging.INFO)
@@ -251,8 +249,7 @@ def _sglang_output(log: str | None) -> Iterator[Callable[[str], None]]:
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
     with open(log, "w", encoding="utf-8") as handle:
-        # the descriptors (C code, handlers that kept the original streams) and the Python
-        # streams (whatever replaced them, e.g. a test's capture)
+        # the descriptors (C code, handlers holding the streams) and the Python streams
         os.dup2(handle.fileno(), 1)
         os.dup2(handle.fileno(), 2)
         handler = logging.StreamHandler(handle)
@@ -260,7 +257,7 @@ def _sglang_output(log: str | None) -> Iterator[Callable[[str], None]]:
         try:
             with contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
 
-                def to_terminal(line: str) -> None:  # progress: stderr, stdout is the answer
+                def to_terminal(line: str) -> None:
                     os.write(saved[1], f"{line}\n".encode())
 
                 yield to_terminal

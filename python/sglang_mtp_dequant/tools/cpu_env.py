@@ -7,10 +7,9 @@ Usage::
         model = build(...)                   # and npu_quantization_rule() to build as on NPU
     stand_ins_used()                         # the notes the doctor prints
 
-Each shim acts only where the real thing cannot run here, and none touches attention, matmul,
-sampling or weight loading; why each is safe is on its function. Each stand-in records a note
-the first time it is needed (``stand_ins_used``). The CLI, the tests and the end-to-end
-servers' ``sitecustomize`` (``e2e/site/``) use these; the serving plugin never does.
+Each shim acts only where the real thing cannot run here, touches no attention, matmul,
+sampling or weight loading, and records a note when first needed (``stand_ins_used``). The CLI,
+the tests and ``e2e/site/`` use these; the serving plugin never does.
 """
 
 from __future__ import annotations
@@ -50,10 +49,8 @@ def forget_stand_ins() -> None:
 
 
 def ensure_torchvision_importable() -> None:
-    """Make ``import torchvision`` work beside CPU torch: PyPI's torchvision is a CUDA build,
-    whose import fails with ``operator torchvision::nms does not exist``. Only then the
-    half-imported modules are dropped and its two operator schemas defined (a second definition
-    would abort the process)."""
+    """Make ``import torchvision`` work beside CPU torch where PyPI's CUDA build fails with
+    ``operator torchvision::nms does not exist``: its two operator schemas are defined then."""
     try:
         import torchvision  # noqa: F401
 
@@ -90,8 +87,8 @@ def vllm_placeholder() -> dict[str, types.ModuleType]:
 
 @contextlib.contextmanager
 def placeholder_vllm_rotary() -> Iterator[None]:
-    """While a model is built, a placeholder for the GPU rotary kernel ``RotaryEmbedding``
-    imports off CUDA (used only in ``forward``); it raises if called."""
+    """A placeholder for the GPU rotary kernel ``RotaryEmbedding`` imports off CUDA (used only in
+    ``forward``; it raises if called)."""
     if "vllm._custom_ops" in sys.modules:
         yield
         return
@@ -108,8 +105,7 @@ def cuda_capability_answered(
     capability: tuple[int, int] = (0, 0), note: str = CUDA_CAPABILITY_NOTE
 ) -> Iterator[None]:
     """Answer ``torch.cuda.get_device_capability()`` with ``capability`` off CUDA, recording
-    ``note``: sglang's DSA server-args resolution asks it off NPU (and raises without CUDA);
-    only its KV-cache dtype and attention-backend choices read it, never a weight or shape."""
+    ``note`` (sglang's DSA server-args resolution asks it; no weight or shape depends on it)."""
     if torch.cuda.is_available():
         yield
         return
@@ -128,9 +124,8 @@ def cuda_capability_answered(
 
 @contextlib.contextmanager
 def generic_rope_on_cpu() -> Iterator[None]:
-    """Build the ropes sglang's CPU branch cannot (it supports ``deepseek_yarn`` scaling only,
-    not GLM-5's DSA indexer's default) with its generic ``get_rope``. A rope holds no weights
-    and runs only in ``forward``."""
+    """Build the ropes sglang's CPU branch cannot (``deepseek_yarn`` scaling only) with its
+    generic ``get_rope``: a rope holds no weights."""
     from ..serving import sglang_private
 
     real = sglang_private.cpu_rope_builder()
@@ -160,15 +155,12 @@ def generic_rope_on_cpu() -> Iterator[None]:
 def _packed_module_mappings() -> list[tuple[dict, dict]]:
     """Every ``packed_modules_mapping`` dict of sglang's model classes, with a copy of it (the
     loader's NPU branch updates the class's own dict in place)."""
-    import sys
-
     found = {}
     for name, module in list(sys.modules.items()):
         if not name.startswith("sglang.srt.models.") or module is None:
             continue
         for value in list(vars(module).values()):
-            # the class's own __dict__: attribute access on transformers' placeholder classes
-            # imported into these modules raises
+            # the class's own __dict__: attribute access on transformers' placeholders raises
             if isinstance(value, type) and value.__module__ == name:
                 mapping = value.__dict__.get("packed_modules_mapping")
                 if isinstance(mapping, dict):
@@ -178,9 +170,8 @@ def _packed_module_mappings() -> list[tuple[dict, dict]]:
 
 @contextlib.contextmanager
 def npu_quantization_rule() -> Iterator[None]:
-    """While a draft is built, sglang's NPU clauses answer as on NPU: the draft classes' own
-    quantization rule, the loader's packed-module mapping for a ModelSlim draft, and DeepSeek's
-    NextN layer named ``model.layers.<n>`` (where its ModelSlim schemes are looked up)."""
+    """While a draft is built, sglang's NPU clauses answer as on NPU: the draft classes'
+    quantization rule, the loader's packed-module mapping, DeepSeek's NextN layer naming."""
     import importlib
 
     from ..serving import sglang_private
@@ -189,10 +180,7 @@ def npu_quantization_rule() -> Iterator[None]:
     for path in sglang_private.NPU_RULE_MODULES:
         try:
             module = importlib.import_module(path)
-        except Exception:  # noqa: BLE001 - see below
-            # a family that cannot import here (a native package it needs is missing, e.g.
-            # cutlass for glm4_moe_nextn in sglang 0.5.15) cannot be the draft being built:
-            # building that one fails on its own import, reported as such; the others go on
+        except Exception:  # noqa: BLE001 - a family that cannot import here is not being built
             continue
         saved.append((module, sglang_private.draft_module_is_npu(module)))
         sglang_private.set_draft_module_is_npu(module, lambda: True)
@@ -260,10 +248,9 @@ class _NpuKernels:
 
 @contextlib.contextmanager
 def npu_kernels_looked_up() -> Iterator[None]:
-    """While a draft is built as on NPU, answer ``torch.ops.npu.<kernel>`` lookups: sglang's NPU
-    quantization methods fetch their kernels when constructed (``NPUW8A8Int8MoEMethod`` takes
-    ``npu_dynamic_quant``), and call them only in ``forward``, so a placeholder that raises if
-    called changes nothing built. torch_npu's kernels, where installed, are returned as they are."""
+    """While a draft is built as on NPU, answer ``torch.ops.npu.<kernel>`` lookups (sglang's NPU
+    quantization methods fetch kernels when constructed, call them only in ``forward``) with a
+    placeholder that raises if called; torch_npu's own kernels where installed."""
     real = getattr(torch.ops, "npu")  # noqa: B009 - an op namespace mypy does not know
     setattr(torch.ops, "npu", _NpuKernels(real))  # noqa: B010
     try:

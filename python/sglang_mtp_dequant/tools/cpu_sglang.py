@@ -7,9 +7,8 @@ Usage::
     draft = build_draft(config)                          # its class, dtype, quant config
     draft.load_weights(sglang_weights(config, draft))    # DefaultModelLoader's own stream
 
-Nothing here changes how sglang loads weights: it is the set-up a CPU-only process needs
-(``cpu_env.py``'s shims) and sglang's own functions, reached through the ledger
-(``serving/sglang_private.py``).
+Nothing here changes how sglang loads weights: it is the set-up a CPU-only process needs and
+sglang's own functions, reached through the ledger (``serving/sglang_private.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from .cpu_env import (
     placeholder_vllm_rotary,
 )
 
-#: sglang's ``ModelConfig`` of a draft (sglang's objects are typed as Any here)
 ModelConfig = Any
 
 
@@ -63,7 +61,7 @@ def init_world_size_one() -> None:
 
 def join_attention_dp() -> None:
     """sglang's attention-DP placement for the published server arguments, as its model
-    runner sets it after joining the parallel world (needed through sglang 0.5.20)."""
+    runner sets it."""
     sglang_private.set_attention_dp_placement(
         sglang_private.published_server_args(), hidden_size=1, dtype=torch.bfloat16
     )
@@ -87,8 +85,7 @@ def publish_context(model_path: str, draft_path: str | None = None, **server_arg
 
 
 def draft_model_config(path: str, revision: str | None = None) -> ModelConfig:
-    """sglang's ``ModelConfig`` of the draft for ``path``, as its draft worker builds it
-    (``is_draft_model=True`` maps the architecture to the MTP/NextN class)."""
+    """sglang's ``ModelConfig`` of the draft for ``path``, as its draft worker builds it."""
     from sglang.srt.configs.model_config import ModelConfig
 
     return ModelConfig.from_server_args(
@@ -105,8 +102,7 @@ def build_draft(
     adjust_quant_config: Callable[[Any], None] | None = None,
 ) -> torch.nn.Module:
     """sglang's own draft class for ``model_config``, built as ``DefaultModelLoader`` does, on
-    ``device``; ``adjust_quant_config`` gets sglang's quantization config first (the plugin's
-    build: ``float_layers.builds_as_the_plugin``)."""
+    ``device``; ``adjust_quant_config`` gets the quantization config first."""
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.model_loader.utils import set_default_torch_dtype
 
@@ -136,8 +132,8 @@ def sglang_own(target: str) -> Callable[..., Any]:
 def sglang_weights(
     model_config: ModelConfig, model: torch.nn.Module, download_dir: str | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The weight stream sglang's ``DefaultModelLoader`` gives ``model.load_weights``: it
-    resolves the checkpoint (folder, hub id, ``download_dir``) when first advanced."""
+    """The weight stream sglang's ``DefaultModelLoader`` gives ``model.load_weights`` (it
+    resolves the checkpoint when first advanced)."""
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.model_loader.loader import DefaultModelLoader
 

@@ -8,11 +8,9 @@ Usage::
     coverage = simulate_load(built, checkpoint, None, spec)    # stock sglang (a quantized draft)
     coverage.unwritten, coverage.skipped, coverage.codes_in_float
 
-How the draft is built and whether every parameter is filled come from sglang's own code: its
-draft ``ModelConfig``, quantization config and class built on ``meta`` for the user's launch
-(``launch.py``), and its ``load_weights`` fed a meta tensor per draft tensor's header, with the
-server's write recorder (``guard/writes.py``). Loaders decide by names and shapes, never values,
-so the record is a real load's; no weight byte is read.
+Both answers are sglang's own code: the draft built on ``meta`` for the user's launch, its
+``load_weights`` fed a meta tensor per header, under the server's write recorder. Loaders decide
+by names and shapes, never values, so the record is a real load's.
 """
 
 from __future__ import annotations
@@ -83,9 +81,8 @@ def build_meta_draft(
     launch: Launch | None = None,
     adjust_quant_config: Callable[[Any], None] | None = None,
 ) -> Built:
-    """sglang's draft for the checkpoint in ``folder`` on ``meta``, for the user's ``launch``
-    (its flags published, its platform stood in; default: NPU, no flags);
-    ``adjust_quant_config`` as ``cpu_sglang.build_draft`` takes it. Raises what sglang raises."""
+    """sglang's draft for the checkpoint in ``folder`` on ``meta``, for ``launch`` (default: NPU,
+    no flags); raises what sglang raises."""
     from .cpu_sglang import build_draft, draft_model_config, prepare_cpu_process
     from .launch import default_launch
     from .target_check import rmsnorm_kept
@@ -93,16 +90,14 @@ def build_meta_draft(
     launch = launch or default_launch(folder)
     prepare_cpu_process(folder, **launch.server_args())
     model_config = draft_model_config(folder)
-    # sglang's own build (the plugin's is adjust_quant_config); RMSNorm as it was afterwards:
-    # a ModelSlim description listing a norm.bias patches it for the whole process
+    # RMSNorm restored: a description listing a norm.bias patches it for the whole process
     with launch.platform(), bypassed(), rmsnorm_kept():
         model = build_draft(model_config, "meta", adjust_quant_config)
     return Built(model_config, model)
 
 
 def draft_architecture(folder: str) -> str | None:
-    """The draft class sglang's draft ``ModelConfig`` names for ``folder`` (its context published
-    by ``build_meta_draft``), or None where that config cannot be made."""
+    """The draft class sglang's draft ``ModelConfig`` names for ``folder``, or None."""
     from .cpu_sglang import draft_model_config
 
     try:
@@ -118,9 +113,8 @@ def simulate_load(
     spec: DraftSpec | None,
     quantized: bool = False,
 ) -> Coverage:
-    """Dry-run sglang's load of the draft: through the plugin's stream with ``plan``, or as
-    stock sglang with ``plan=None`` (``quantized``: the stream keeps every code the plan does not
-    decode). Raises what the class's loader raises on the meta device."""
+    """Dry-run sglang's load of the draft, through the plugin's stream with ``plan`` (keeping
+    undecoded codes where ``quantized``), or as stock; raises what the class's loader raises."""
     model = built.model
     from_target = spec.from_target if spec is not None else ("embed_tokens", "lm_head")
     names = spec.draft_names(model) if spec is not None else (lambda n: n in checkpoint.tensors)

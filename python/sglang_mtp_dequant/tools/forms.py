@@ -7,11 +7,9 @@ Usage::
     draft_quantization(None, "modelslim")       # "modelslim": sglang builds the draft quantized
     why_built("0.5.17", "modelslim", None)      # where sglang took that from, file:line
 
-Why one home: the forms build the draft differently (issue 45), and the doctor, the server
-harness (``e2e/``) and the benchmarks each launch or answer them. On sglang 0.5.14 to 0.5.23 an
-unset ``--speculative-draft-model-quantization`` takes the target's ``--quantization`` and the
-draft's ``ModelConfig`` never auto-detects ModelSlim (each release's wheel read: ``RULES``):
-F1 flagless and F3 ``unquant`` build it unquantized, F2 and F4 quantized.
+Why one home: the doctor, the server harness (``e2e/``) and the benchmarks each launch or answer
+the forms. F1 flagless and F3 ``unquant`` build the draft unquantized, F2 and F4 quantized
+(``draft_quantization``; where each release applies it: ``RULES``).
 """
 
 from __future__ import annotations
@@ -65,9 +63,8 @@ def form_of(quantization: str | None, draft: str | None) -> Form | None:
 
 
 def draft_quantization(quantization: str | None, draft: str | None) -> str | None:
-    """The quantization sglang builds the draft with for the two flags as given: an explicit
-    draft flag wins, else the target's ``--quantization`` (``unquant``: none); ModelSlim is
-    never auto-detected for the draft. The same in every release read (``RULES``)."""
+    """The quantization sglang builds the draft with: an explicit draft flag, else the target's
+    ``--quantization`` (``unquant``: none); ModelSlim is never auto-detected for the draft."""
     chosen = draft if draft is not None else quantization
     return None if chosen in (None, UNQUANT) else chosen
 
@@ -77,10 +74,8 @@ class ReleaseRule:
     """Where one sglang release applies that rule, read from its wheel."""
 
     release: str
-    #: where an unset draft quantization is given the target's --quantization
-    draft_default_at: str
-    #: where the draft's ModelConfig declines ModelSlim auto-detection
-    no_autodetect_at: str
+    draft_default_at: str  # where an unset draft quantization takes the target's
+    no_autodetect_at: str  # where the draft's ModelConfig declines ModelSlim auto-detection
 
 
 #: release -> (file:lines of the copy, model_config.py line of the draft's no-autodetect)

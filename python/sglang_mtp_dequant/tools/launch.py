@@ -8,10 +8,9 @@ Usage::
     with launch.platform():  # sglang's platform answers stood in while the draft is built
         draft = build_draft(model_config, device="meta")
 
-Why sglang's parser: the answer must be for the launch the user will run, flag for flag, and
-sglang's own resolution decides the draft's quantization. The platform cannot run here: the
-process publishes ``device="cpu"`` and its answers are stood in while the draft is built
-(``Launch.platform``). Without flags: NPU, the draft quantization unset, and the report says so.
+Why sglang's parser: the answer must be for the launch the user will run, flag for flag. The
+platform's answers are stood in while the draft is built; without flags: NPU, the draft
+quantization unset.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-#: the ServerArgs fields that decide how the draft is built and where its files come from,
-#: published as given (device is the platform, stood in; parallel sizes: see ``notes``)
+#: the ServerArgs fields that decide how the draft is built and where its files come from
 PUBLISHED = (
     "quantization",
     "speculative_algorithm",
@@ -37,8 +35,7 @@ PUBLISHED = (
     "trust_remote_code",
 )
 DEFAULT_DEVICE = "npu"
-#: the GPU the CUDA answers stand in for (Hopper, sm90: compressed-tensors' W8A8 / W4A16 /
-#: FP8 schemes run; NVFP4 W4A4 falls back to weight-only as sglang says itself)
+#: the GPU the CUDA answers stand in for (Hopper, sm90)
 CUDA_CAPABILITY = (9, 0)
 
 
@@ -58,7 +55,6 @@ class Launch:
     """One sglang launch as its parser read it (``namespace``), and what was given."""
 
     namespace: argparse.Namespace
-    #: the flags as given (after the command name), for the report
     flags: list[str] = field(default_factory=list)
 
     @property
@@ -94,9 +90,7 @@ class Launch:
 
     @contextlib.contextmanager
     def platform(self) -> Iterator[None]:
-        """sglang's platform answers for ``--device`` while the draft class is built: on NPU
-        its NPU clauses and kernel lookups (``cpu_env``), on CUDA an sm90 GPU's capability
-        (which compressed-tensors' scheme choice asks)."""
+        """sglang's platform answers for ``--device`` while the draft class is built."""
         from .cpu_env import cuda_capability_answered, npu_kernels_looked_up, npu_quantization_rule
 
         if self.device == "npu":
@@ -148,13 +142,11 @@ CUDA_BUILD_NOTE = (
 
 
 def parse_launch(path: str | None, argv: Sequence[str]) -> Launch:
-    """Read ``argv`` (launch flags for checkpoint ``path``, or a whole command, whose words
-    before the first ``--`` flag are dropped) with sglang's ``ServerArgs`` parser;
-    ``LaunchError`` when it refuses them (its message), or without a model path."""
+    """Read ``argv`` (launch flags for checkpoint ``path``, or a whole command) with sglang's
+    ``ServerArgs`` parser; ``LaunchError`` when it refuses them, or without a model path."""
     from .cpu_env import ensure_torchvision_importable
 
     words = list(argv)
-    # sglang's flags are all long ones: `python -m sglang.launch_server` is the command
     start = next((i for i, w in enumerate(words) if w.startswith("--")), len(words))
     flags = words[start:]
     ensure_torchvision_importable()
@@ -197,8 +189,7 @@ def without_flags(flags: Sequence[str], names: Sequence[str]) -> list[str]:
 def with_quantization(
     launch: Launch | None, path: str, quantization_flags: Sequence[str]
 ) -> Launch:
-    """The same launch (``launch``, or none for checkpoint ``path``) with its two quantization
-    flags replaced by ``quantization_flags`` (a launch form: ``tools/forms.py``)."""
+    """The same launch (or none, for ``path``) with its two quantization flags replaced."""
     names = ("--quantization", "--speculative-draft-model-quantization")
     words = without_flags(launch.flags if launch is not None else [], names)
     given_path = any(w == "--model-path" or w.startswith("--model-path=") for w in words)
@@ -206,8 +197,7 @@ def with_quantization(
 
 
 def checkpoint_in(words: Sequence[str]) -> str | None:
-    """The draft's checkpoint named in a launch command (``--speculative-draft-model-path``,
-    else ``--model-path``), read without sglang: the CLI checks it before importing anything."""
+    """The draft's checkpoint a launch command names, read without sglang."""
     found: dict[str, str] = {}
     for i, word in enumerate(words):
         for flag in ("--model-path", "--speculative-draft-model-path"):

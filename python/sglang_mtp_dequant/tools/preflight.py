@@ -7,9 +7,9 @@ Usage::
     if problem is not None:
         print(problem)            # "<absolute path>: does not exist. What to do: ..."
 
-Why before sglang: importing it takes tens of seconds on a CPU box, and its answer to a
-missing path is a hub-id validation error. Only what is certainly wrong is said here; anything
-undecided (a hub id that may be cached, a ModelScope id) is left to sglang's own resolution.
+Why before sglang: importing it takes tens of seconds, and its answer to a missing path is a
+hub-id validation error. Only what is certainly wrong is said here; anything undecided is left
+to sglang's own resolution.
 """
 
 from __future__ import annotations
@@ -23,19 +23,7 @@ from dataclasses import dataclass
 
 from ..errors import what_to_do
 
-#: the error kinds the checks report (the ``error_kind`` of the CLI's JSON)
-KINDS = (
-    "missing-path",  # the path does not exist and is no hub id
-    "not-cached",  # a hub id found in no local cache (the CLI never downloads)
-    "not-a-folder",  # a file where a checkpoint folder is expected
-    "no-config",  # a folder without config.json
-    "no-weights",  # a folder without *.safetensors
-    "bad-download-dir",  # --download-dir is not a folder
-    "missing-reference",  # --reference does not exist or is not a file
-    "bad-reference",  # --reference is not a readable safetensors file
-)
-
-# what huggingface_hub accepts as a repo id: ``namespace/name``
+#: what huggingface_hub accepts as a repo id: ``namespace/name``
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -43,7 +31,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 class InputError:
     """One input that is certainly wrong: which, what is wrong, what to do."""
 
-    kind: str
+    kind: str  # the ``error_kind`` of the CLI's JSON (docs/doctor-and-guard.md)
     path: str  # absolute
     problem: str
     hint: str
@@ -58,8 +46,7 @@ def looks_like_hub_id(path: str) -> bool:
 
 
 def hub_caches(download_dir: str | None) -> list[str]:
-    """The folders a hub id is looked up in, offline: ``--download-dir`` (sglang checks it
-    first), then the default Hugging Face cache (``HF_HUB_CACHE``, as huggingface_hub sets it)."""
+    """The folders a hub id is looked up in, offline: ``--download-dir``, then ``HF_HUB_CACHE``."""
     from huggingface_hub import constants
 
     caches = [download_dir] if download_dir else []
@@ -67,7 +54,7 @@ def hub_caches(download_dir: str | None) -> list[str]:
 
 
 def check_model_path(path: str, *, download_dir: str | None = None) -> InputError | None:
-    """What is certainly wrong with ``path`` as ``--model-path``, or None (see the module)."""
+    """What is certainly wrong with ``path`` as ``--model-path``, or None."""
     if download_dir is not None and not os.path.isdir(download_dir):
         return InputError(
             "bad-download-dir",

@@ -5,10 +5,8 @@ Usage::
     source = resolve_checkpoint("/models/Qwen3.5-27B-w8a8")
     source = resolve_checkpoint("acme/Qwen3.5-27B-w8a8", download_dir="/data/hub", revision="v1")
 
-A CLI process has no server to record sglang's resolution (``serving/sources.py``), so it asks
-sglang's same functions offline, its context published for the folder found. Without sglang
-importable only a folder is accepted, its files every ``*.safetensors`` in it (what sglang
-streams from a ModelSlim export).
+A CLI process has no server to record sglang's resolution, so it asks sglang's functions
+offline (``serving/sources.py``); without sglang importable, a folder's every ``*.safetensors``.
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@ Usage::
     if too_old is not None: return EXIT_CODES[NEEDS_SGLANG], sglang_answer(...)
     except ImportError as exc: return EXIT_CODES[SGLANG_BROKEN], sglang_answer(...)
 
-Why its own answers: an sglang below the supported range (``serving/releases.py``), or an
-import inside sglang that fails, says nothing about the checkpoint; reporting it as "this draft
-cannot be served" would send the user to fix a valid export. Each gets its own verdict.
+Why its own answers: an sglang below the supported range, or an import inside sglang that
+fails, says nothing about the checkpoint; each gets its own verdict.
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ from .verdicts import NEEDS_SGLANG, SGLANG_BROKEN
 
 
 def too_old_sglang() -> str | None:
-    """ "this command needs sglang >= X (found Y)" below the supported range, else None (no
-    sglang installed is not this: the commands then read a folder without it)."""
+    """ "this command needs sglang >= X (found Y)" below the supported range, else None."""
     support = releases.installed()
     if support.version == "unknown" or support.supported:
         return None

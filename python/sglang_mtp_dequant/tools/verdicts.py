@@ -5,8 +5,7 @@ Usage::
     code = EXIT_CODES[report.verdict]       # what the console script returns
     print(help_text())                       # the table --help shows
 
-One table for both commands, so a script can branch on the exit code alone and a person on
-the last line (``verdict: <word> - <why>``).
+One table for both commands: a script branches on the exit code, a person on the last line.
 """
 
 from __future__ import annotations
@@ -19,12 +18,10 @@ INACTIVE = "inactive"
 NEEDS_SGLANG = "needs-sglang"
 SGLANG_BROKEN = "sglang-broken"
 
-#: versions of the JSON layouts ``doctor --json`` and ``verify --json`` write (doctor 4: each
-#: form's target and memory cells, stock's own errors, the plugin's outcome)
+#: versions of the JSON layouts ``doctor --json`` and ``verify --json`` write
 DOCTOR_SCHEMA_VERSION = 4
 VERIFY_SCHEMA_VERSION = 1
 
-#: argparse's own exit status for a usage error
 USAGE_EXIT = 2
 
 EXIT_CODES = {

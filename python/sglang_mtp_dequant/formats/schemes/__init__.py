@@ -7,11 +7,8 @@ Usage::
     decoder = scheme.prepare(weight_info, {"weight_scale": s, "weight_offset": o}, group_size=0)
     w_bf16 = decoder.decompress(q_int8, torch.bfloat16)
 
-One class per scheme, registered under the description's type strings; each declares the
-companions it reads and how they are stored, so ``prepare`` finds every problem before sglang
-streams a weight, and ``decompress`` then runs per weight through ``affine.dequantize``:
-``w = (q - offset) * scale`` in fp32, rounded once (int4 unpacked first; float8 without offset;
-MX scaled by a power of two per 32 inputs).
+One class per scheme, registered under the description's types, declaring the companions it
+reads and their storage, so ``prepare`` finds every problem before sglang streams a weight.
 """
 
 from . import fp8, int4, int8, mx  # noqa: F401 - importing a scheme module registers its classes

@@ -19,8 +19,7 @@ import torch
 
 from ...errors import DraftWeightError
 
-#: elements of the fp32 buffer rows are decoded through (1 MiB, reused: it stays in cache;
-#: measured by benchmarks/bench_dequant.py --variants, docs/results.md)
+#: elements of the reused fp32 buffer rows are decoded through (``bench_dequant.py --variants``)
 BLOCK_ELEMENTS = 1 << 18
 
 
@@ -32,16 +31,11 @@ def dequantize(
     dtype: torch.dtype,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``(codes - offset) * scale`` for a 2-D ``codes`` (rows, in), rounded once to ``dtype``.
-
-    ``scale`` / ``offset`` (None: zero) are fp32 (rows, groups), group ``g`` covering columns
-    ``[g * group_width, (g + 1) * group_width)`` (the last may be shorter); ``out``: where to
-    write (allocated when None), returned.
-
-    Eager torch, three passes over each block of rows in one reused fp32 buffer (codes to fp32,
-    ``- offset`` and ``* scale``, one rounding into the output); nothing measured faster is as
-    plain (``bench_dequant.py --floor``, docs/results.md).
-    """
+    """``(codes - offset) * scale`` for a 2-D ``codes`` (rows, in), rounded once to ``dtype``
+    (into ``out``, allocated when None). ``scale`` / ``offset`` (None: zero) are fp32 (rows,
+    groups), group ``g`` covering columns ``[g * group_width, (g + 1) * group_width)``, the last
+    maybe shorter. Eager torch over blocks of rows in one reused fp32 buffer: nothing measured
+    faster is as plain (``bench_dequant.py --floor``)."""
     rows, in_features = codes.shape
     if out is None:
         out = torch.empty((rows, in_features), dtype=dtype)
@@ -51,7 +45,6 @@ def dequantize(
     full = min(groups, in_features // group_width) if group_width else 0
     step = max(1, BLOCK_ELEMENTS // max(1, in_features))
     direct = dtype == torch.float32
-    # one buffer, the same size for every tensor: no allocation inside the loop
     buffer: torch.Tensor | None = None
     if not direct:
         flat = torch.empty(max(BLOCK_ELEMENTS, in_features), dtype=torch.float32)
@@ -78,8 +71,7 @@ def _affine_in_place(
     full: int,
     width: int,
 ) -> None:
-    """``work = (work - offset) * scale`` for fp32 rows; ``full`` whole groups of ``width``
-    columns, then a shorter last group if the row is longer."""
+    """``work = (work - offset) * scale``: ``full`` groups of ``width`` columns, then the rest."""
     rows = work.shape[0]
     groups = scale.shape[1]
     if groups == 1 and full * width == work.shape[1]:  # per channel: a plain row broadcast
@@ -119,9 +111,8 @@ class AffineDecoder:
     def decompress(
         self, codes: torch.Tensor, dtype: torch.dtype, only: Sequence[int] | None = None
     ) -> torch.Tensor:
-        """The float weight, rounded once to ``dtype``; ``only``: decode just these experts
-        of fused experts (the others NaN: sglang drops them on this rank, the guard refuses
-        any it kept)."""
+        """The float weight, rounded once to ``dtype``; ``only``: the experts of fused experts to
+        decode (the others NaN: sglang drops them on this rank, the guard refuses any kept)."""
         if codes.is_meta:  # a dry run (the doctor): shapes only
             return torch.empty(self.shape, dtype=dtype, device="meta")
         q = self.unpack(codes) if self.unpack is not None else codes

@@ -30,6 +30,8 @@ REEXPORT = "re-export the checkpoint with msmodelslim, or serve the draft quanti
 
 #: how a scale or an offset is stored: a float (f32 from the V1 saver, the model dtype from V0)
 FLOAT_STORAGE = (torch.float32, torch.bfloat16, torch.float16)
+#: a weight's companion values by suffix (``weight_scale`` -> its tensor)
+Values = Mapping[str, torch.Tensor]
 
 
 def refused(weight: TensorInfo, problem: str, hint: str = REEXPORT) -> DraftWeightError:
@@ -52,8 +54,8 @@ class Scheme(ABC):
         return self.types[0]
 
     def check_storage(self, weight: TensorInfo, companions: Mapping[str, TensorInfo]) -> None:
-        """Refuse codes or companions stored as a dtype the scheme does not define, from the
-        headers alone: an integer scale would decode to weights thousands of times too big."""
+        """Refuse codes or companions stored as a dtype the scheme does not define (headers
+        only): an integer scale would decode to weights thousands of times too big."""
         if weight.dtype not in self.code_dtypes or len(weight.shape) < 2:
             raise refused(
                 weight,
@@ -76,24 +78,18 @@ class Scheme(ABC):
 
     @abstractmethod
     def prepare(
-        self,
-        weight: TensorInfo,
-        values: Mapping[str, torch.Tensor],
-        group_size: int,
-        format_version: str | None = None,
+        self, weight: TensorInfo, values: Values, group_size: int, format_version: str | None = None
     ) -> AffineDecoder:
-        """Check the companion ``values`` (suffix -> tensor) against the weight's header and
-        build its decoder; ``group_size`` and ``format_version`` are the description's."""
+        """Check the companion ``values`` against the weight's header and build its decoder;
+        ``group_size`` and ``format_version`` are the description's."""
 
     @classmethod
     def claims(cls, weight: TensorInfo, suffixes: frozenset[str]) -> bool:
-        """Whether a weight the description does not type is this scheme's, from its dtype
-        and companions (the schemes' rules are disjoint)."""
+        """Whether an untyped weight is this scheme's, by dtype and companions (disjoint rules)."""
         return False
 
     def stores(self, weight: TensorInfo, companions: Mapping[str, TensorInfo]) -> bool:
-        """Whether the weight's codes and every companion it declares are stored as this
-        scheme defines them (what ``check_storage`` refuses, as a yes/no)."""
+        """``check_storage`` as a yes/no."""
         if weight.dtype not in self.code_dtypes:
             return False
         return all(
@@ -115,8 +111,8 @@ _REGISTRY: dict[str, Scheme] = {}
 
 
 def register_scheme(cls: type[Scheme]) -> type[Scheme]:
-    """Class decorator: make an instance of ``cls`` the decoder for each of its types (a type
-    registered twice raises ``ValueError``: the winner would depend on import order)."""
+    """Class decorator: an instance of ``cls`` decodes each of its types (a type registered
+    twice raises ``ValueError``: the winner would depend on import order)."""
     instance = cls()
     for type_name in cls.types:
         taken = _REGISTRY.get(type_name)
@@ -140,23 +136,19 @@ def known_types() -> tuple[str, ...]:
 def infer_type(
     weight: TensorInfo, companions: Mapping[str, TensorInfo] | set[str] | frozenset[str]
 ) -> str | None:
-    """The type of a code-holding weight the description does not type, when exactly one scheme
-    claims it; ``companions`` given as headers drop a claim whose storage the scheme does not
-    define (float8 with an f32 ``weight_scale`` is FP8, with a uint8 one MXFP8)."""
+    """The type of an untyped code weight that exactly one scheme claims; given headers, a claim
+    whose storage fits wins (float8 with an f32 ``weight_scale`` is FP8, with a uint8 one MXFP8),
+    else the claim stands and ``check_storage`` names the companion."""
     suffixes = frozenset(companions)
     claimed = [s for s in _REGISTRY.values() if s.claims(weight, suffixes)]
     if isinstance(companions, Mapping):
-        # a claim the storage fits wins; with none, the claim stands and ``check_storage``
-        # then names the companion stored as its scheme does not define
         fitting = [s for s in claimed if s.stores(weight, companions)]
         claimed = fitting or claimed
     names = {s.name for s in claimed}
     return names.pop() if len(names) == 1 else None
 
 
-def require(
-    weight: TensorInfo, values: Mapping[str, torch.Tensor], suffix: str, scheme: str
-) -> torch.Tensor:
+def require(weight: TensorInfo, values: Values, suffix: str, scheme: str) -> torch.Tensor:
     if suffix not in values:
         base = weight.name.rsplit(".", 1)[0]
         raise refused(
@@ -174,13 +166,12 @@ def per_row_groups(
     what: str,
     group_size: int,
 ) -> torch.Tensor:
-    """Reshape a scale/offset to fp32 (rows, groups) for a weight of logical ``shape``: one
-    value per row or per contiguous group along ``in``; anything else is an error."""
+    """A scale/offset as fp32 (rows, groups) for a weight of logical ``shape``: one value per
+    row (exactly these shapes: a (1, out) or block-wise scale of ``rows`` values is not one) or
+    per contiguous group along ``in``; anything else is an error."""
     rows = math.prod(shape[:-1])
     in_features = shape[-1]
     lead = tuple(values.shape)
-    # per row: exactly these shapes; e.g. a (1, out) or a block-wise (out/B, in/B) scale of
-    # ``rows`` values is no per-row layout, and reading it as one would give a wrong weight
     per_row = {tuple(shape[:-1]), tuple(shape[:-1]) + (1,), (rows,), (rows, 1)}
     if lead in per_row or (lead == () and rows == 1):
         groups = 1
@@ -208,6 +199,13 @@ def per_row_groups(
     return finite(weight, values.to(torch.float32).reshape(rows, groups), what)
 
 
+def scale_groups(
+    weight: TensorInfo, shape: tuple[int, ...], values: torch.Tensor, what: str, group_size: int
+) -> torch.Tensor:
+    """``per_row_groups`` of a scale, every value checked positive."""
+    return positive(weight, per_row_groups(weight, shape, values, what, group_size), what)
+
+
 def finite(weight: TensorInfo, values: torch.Tensor, what: str) -> torch.Tensor:
     if not bool(torch.isfinite(values).all()):
         raise refused(weight, f"{what} holds NaN or inf", f"the checkpoint is corrupt: {REEXPORT}")
@@ -228,16 +226,12 @@ def scale_and_offset(
     weight: TensorInfo,
     shape: tuple[int, ...],
     raw_scale: torch.Tensor,
-    values: Mapping[str, torch.Tensor],
+    values: Values,
     group_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The checked fp32 (rows, groups) ``weight_scale`` and ``weight_offset`` of an affine
     scheme; the offset is None when absent or all zero."""
-    scale = positive(
-        weight,
-        per_row_groups(weight, shape, raw_scale, "weight_scale", group_size),
-        "weight_scale",
-    )
+    scale = scale_groups(weight, shape, raw_scale, "weight_scale", group_size)
     if "weight_offset" not in values:
         return scale, None
     offset = per_row_groups(weight, shape, values["weight_offset"], "weight_offset", group_size)
@@ -257,11 +251,8 @@ def nonzero_or_none(offset: torch.Tensor) -> torch.Tensor | None:
 
 
 def block_size_for(length: int, blocks: int) -> int | None:
-    """The power-of-two block size that cuts ``length`` into ``blocks`` blocks, the last one
-    possibly shorter (``blocks == 1``: the whole length), or None if none does.
-
-    Unique: the sizes giving ``blocks`` blocks hold at most one power of two.
-    """
+    """The power-of-two block size (unique if any) that cuts ``length`` into ``blocks`` blocks,
+    the last one possibly shorter (``blocks == 1``: the whole length), or None."""
     if blocks < 1 or length < 1:
         return None
     if blocks == 1:

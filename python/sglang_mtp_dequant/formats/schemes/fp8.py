@@ -1,5 +1,5 @@
 """float8 draft weights: block-scaled (``weight_scale_inv``), per-tensor/per-channel scaled, and
-ModelSlim's WFP8AFP8_DYNAMIC (MXFP8, with E8M0 block exponents, is in ``mx.py``).
+ModelSlim's WFP8AFP8_DYNAMIC (MXFP8 is in ``mx.py``); all ``w = q * scale``.
 
 Usage::
 
@@ -7,16 +7,13 @@ Usage::
     decoder = scheme.prepare(info, {"weight_scale_inv": s}, group_size=0)
     w = decoder.decompress(fp8_codes, torch.bfloat16)        # fp8 * scale, one rounding
 
-DeepSeek-V3/GLM FP8 checkpoints keep one f32 ``weight_scale_inv`` per 128 x 128 block (the
-last one shorter, as sglang's ``block_quant_dequant``), other FP8 exports one ``weight_scale`` per
-tensor or channel: ``w = q * scale``. Those two are recognised by dtype and companion (no
-description names them); ModelSlim's WFP8AFP8_DYNAMIC by its description.
+The first two (DeepSeek-V3/GLM FP8's 128 x 128 blocks, other FP8 exports) are recognised by
+dtype and companion, no description naming them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import torch
 
@@ -26,12 +23,13 @@ from .affine import AffineDecoder
 from .base import (
     FLOAT_STORAGE,
     Scheme,
+    Values,
     block_size_for,
     finite,
-    per_row_groups,
     positive,
     refused,
     register_scheme,
+    scale_groups,
 )
 
 REEXPORT_FP8 = (
@@ -53,11 +51,7 @@ class BlockFp8(Scheme):
         return weight.dtype in FLOAT8_DTYPES and "weight_scale_inv" in suffixes
 
     def prepare(
-        self,
-        weight: TensorInfo,
-        values: Mapping[str, torch.Tensor],
-        group_size: int,
-        format_version: str | None = None,
+        self, weight: TensorInfo, values: Values, group_size: int, format_version: str | None = None
     ) -> AffineDecoder:
         shape = weight.shape
         scale = values.get("weight_scale_inv")
@@ -97,11 +91,7 @@ class ScaledFp8(Scheme):
         )
 
     def prepare(
-        self,
-        weight: TensorInfo,
-        values: Mapping[str, torch.Tensor],
-        group_size: int,
-        format_version: str | None = None,
+        self, weight: TensorInfo, values: Values, group_size: int, format_version: str | None = None
     ) -> AffineDecoder:
         shape = weight.shape
         raw = values.get("weight_scale")
@@ -109,31 +99,21 @@ class ScaledFp8(Scheme):
             raise _block_error(weight, raw, "no weight_scale")
         if raw.numel() == 1:  # per tensor
             raw = raw.reshape(1).expand(math.prod(shape[:-1]))
-        scale = positive(
-            weight, per_row_groups(weight, shape, raw, "weight_scale", group_size), "weight_scale"
-        )
+        scale = scale_groups(weight, shape, raw, "weight_scale", group_size)
         return AffineDecoder(weight.name, weight.file, shape, scale.contiguous(), None)
 
 
 @register_scheme
 class Wfp8Afp8Dynamic(Scheme):
     """WFP8AFP8_DYNAMIC (ModelSlim): float8_e4m3fn codes (out, in), ``weight_scale`` f32 per
-    output channel (out, 1), ``weight_offset`` zeros (out, 1).
-
-    As msmodelslim 26.1.0 writes it (``on_wfp8afp8_dynamic_per_channel``): ``w = q *
-    weight_scale``; a nonzero offset is refused (the saver never writes one, no reader applies it).
-    """
+    output channel; a nonzero ``weight_offset`` is refused (the saver writes zeros)."""
 
     types = ("WFP8AFP8_DYNAMIC",)
     companions = {"weight_scale": FLOAT_STORAGE, "weight_offset": FLOAT_STORAGE}
     code_dtypes = (torch.float8_e4m3fn,)
 
     def prepare(
-        self,
-        weight: TensorInfo,
-        values: Mapping[str, torch.Tensor],
-        group_size: int,
-        format_version: str | None = None,
+        self, weight: TensorInfo, values: Values, group_size: int, format_version: str | None = None
     ) -> AffineDecoder:
         shape = weight.shape
         raw = values.get("weight_scale")
@@ -155,9 +135,7 @@ class Wfp8Afp8Dynamic(Scheme):
                 ),
                 REEXPORT_FP8,
             )
-        scale = positive(
-            weight, per_row_groups(weight, shape, raw, "weight_scale", 0), "weight_scale"
-        )
+        scale = scale_groups(weight, shape, raw, "weight_scale", 0)
         return AffineDecoder(weight.name, weight.file, shape, scale.contiguous(), None)
 
 

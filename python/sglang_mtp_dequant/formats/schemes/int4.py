@@ -7,14 +7,12 @@ Usage::
     decoder = scheme.prepare(info, {"weight_scale": s, "weight_offset": o}, group_size=0)
     w = decoder.decompress(packed_int8, torch.bfloat16)     # (out, in) from (out/2, in)
 
-int4 codes travel two to an int8 byte (``unpack_int4``) or one a byte; the scale's shape and,
-where shapes cannot tell, the description's ``version`` decide the axis (docs/layouts.md, "int4
-packing"; checked on msmodelslim's output in ``test/integration/test_int4.py``).
+int4 codes travel two to an int8 byte or one a byte; the scale's shape, else the description's
+``version``, decides the axis (docs/layouts.md, "int4 packing").
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -26,12 +24,12 @@ from .base import (
     FLOAT_STORAGE,
     REEXPORT,
     Scheme,
-    per_row_groups,
-    positive,
+    Values,
     refused,
     register_scheme,
     require,
     scale_and_offset,
+    scale_groups,
 )
 
 #: the ``version`` msmodelslim's ascendv1 savers write; weights are packed two codes a byte
@@ -92,11 +90,8 @@ class _OneCodePerByte:
 
 @dataclass(frozen=True)
 class _TwoStageCodes:
-    """Unpacked int4 codes times the integer second-stage scale, as exact int16.
-
-    msmodelslim's order, ``(q * scale_second) * weight_scale``: its small integer second stage
-    keeps the product exact, so one fp32 rounding remains.
-    """
+    """Unpacked int4 codes times the integer second-stage scale, exact in int16: msmodelslim's
+    ``(q * scale_second) * weight_scale`` then rounds once, in fp32."""
 
     inner: _PackedCodes | _OneCodePerByte
     second: torch.Tensor  # int16 (rows, groups)
@@ -137,7 +132,7 @@ def _layout_error(weight: TensorInfo, scheme: str, out: int, why: str) -> DraftW
     )
 
 
-def _require_zero(weight: TensorInfo, companions: Mapping[str, torch.Tensor], suffix: str) -> None:
+def _require_zero(weight: TensorInfo, companions: Values, suffix: str) -> None:
     values = companions.get(suffix)
     if values is None or not bool(values.any()):
         return
@@ -153,12 +148,9 @@ def _require_zero(weight: TensorInfo, companions: Mapping[str, torch.Tensor], su
 
 @register_scheme
 class W4A8Dynamic(Scheme):
-    """W4A8_DYNAMIC: int4 weights, one scale per output channel, optionally two-stage.
-
-    ``w = q * weight_scale``, two-stage ``w = (q * weight_scale_second) * weight_scale`` (the
-    product msmodelslim's ``scale_bias`` is computed from; that GEMM correction is consumed).
-    Symmetric: a nonzero ``weight_offset`` / ``weight_offset_second`` is refused.
-    """
+    """W4A8_DYNAMIC: int4 ``w = q * weight_scale`` per output channel, or two-stage ``w = (q *
+    weight_scale_second) * weight_scale`` (``scale_bias``, a GEMM correction, consumed);
+    symmetric: a nonzero ``weight_offset`` / ``weight_offset_second`` is refused."""
 
     types = ("W4A8_DYNAMIC",)
     companions = {
@@ -174,11 +166,7 @@ class W4A8Dynamic(Scheme):
         return weight.is_integer and bool(suffixes & {"scale_bias", "weight_scale_second"})
 
     def prepare(
-        self,
-        weight: TensorInfo,
-        values: Mapping[str, torch.Tensor],
-        group_size: int,
-        format_version: str | None = None,
+        self, weight: TensorInfo, values: Values, group_size: int, format_version: str | None = None
     ) -> AffineDecoder:
         raw_scale = require(weight, values, "weight_scale", self.types[0])
         out = _out_features(weight, raw_scale, self.types[0])
@@ -193,24 +181,15 @@ class W4A8Dynamic(Scheme):
         shape = (*weight.shape[:-2], out, cols)
         _require_zero(weight, values, "weight_offset")
         _require_zero(weight, values, "weight_offset_second")
-        scale = positive(
-            weight,
-            per_row_groups(weight, shape, raw_scale, "weight_scale", group_size),
-            "weight_scale",
-        )
+        scale = scale_groups(weight, shape, raw_scale, "weight_scale", group_size)
         if "weight_scale_second" not in values:
             return AffineDecoder(weight.name, weight.file, shape, scale, None, inner)
         if scale.shape[1] != 1:
             raise refused(
                 weight, "has weight_scale_second, but its weight_scale is not per channel"
             )
-        second = positive(
-            weight,
-            per_row_groups(
-                weight, shape, values["weight_scale_second"], "weight_scale_second", group_size
-            ),
-            "weight_scale_second",
-        )
+        raw_second = values["weight_scale_second"]
+        second = scale_groups(weight, shape, raw_second, "weight_scale_second", group_size)
         if _exact_in_int16(second):
             unpack = _TwoStageCodes(inner, second.to(torch.int16))
             return AffineDecoder(weight.name, weight.file, shape, scale, None, unpack)
@@ -225,22 +204,15 @@ def _exact_in_int16(second: torch.Tensor) -> bool:
 
 @register_scheme
 class W4A16Int4(Scheme):
-    """W4A16: int4 weights with asymmetric ``weight_scale`` / ``weight_offset``:
-    ``w = (q - weight_offset) * weight_scale`` (offsets are nonzero).
-
-    Per channel the codes pair along ``in``, per group along ``out``; only per channel needs
-    the description's ``version`` (packed and unpacked look alike).
-    """
+    """W4A16: ``w = (q - weight_offset) * weight_scale``, asymmetric; codes pair along ``in``
+    per channel (only there the description's ``version`` tells packed from not), along ``out``
+    per group."""
 
     types = ("W4A16",)
     companions = {"weight_scale": FLOAT_STORAGE, "weight_offset": FLOAT_STORAGE}
 
     def prepare(
-        self,
-        weight: TensorInfo,
-        values: Mapping[str, torch.Tensor],
-        group_size: int,
-        format_version: str | None = None,
+        self, weight: TensorInfo, values: Values, group_size: int, format_version: str | None = None
     ) -> AffineDecoder:
         raw_scale = require(weight, values, "weight_scale", self.types[0])
         out = _out_features(weight, raw_scale, self.types[0])
@@ -268,23 +240,15 @@ class W4A16Int4(Scheme):
 
 @register_scheme
 class W4A4Dynamic(Scheme):
-    """W4A4_DYNAMIC: int4 weights stored one code per int8 byte (out, in), with
-    ``weight_scale`` and ``weight_offset`` per channel (out, 1) or per group (out, in/G).
-
-    msmodelslim 26.1.0 writes it unpacked, symmetric or not: ``w = (q - weight_offset) *
-    weight_scale``, a missing offset an error; the (out/2, in) layout (nibble order undefined)
-    is refused.
-    """
+    """W4A4_DYNAMIC: ``w = (q - weight_offset) * weight_scale``, one code per int8 byte (out,
+    in), scales per channel or group; a missing offset, or the (out/2, in) layout (nibble order
+    undefined), is refused."""
 
     types = ("W4A4_DYNAMIC",)
     companions = {"weight_scale": FLOAT_STORAGE, "weight_offset": FLOAT_STORAGE}
 
     def prepare(
-        self,
-        weight: TensorInfo,
-        values: Mapping[str, torch.Tensor],
-        group_size: int,
-        format_version: str | None = None,
+        self, weight: TensorInfo, values: Values, group_size: int, format_version: str | None = None
     ) -> AffineDecoder:
         raw_scale = require(weight, values, "weight_scale", self.types[0])
         require(weight, values, "weight_offset", self.types[0])

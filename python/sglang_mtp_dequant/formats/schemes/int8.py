@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 
 from ..checkpoint import TensorInfo
@@ -11,12 +9,14 @@ from .affine import AffineDecoder
 from .base import (
     FLOAT_STORAGE,
     Scheme,
+    Values,
     per_row_groups,
     positive,
     refused,
     register_scheme,
     require,
     scale_and_offset,
+    scale_groups,
 )
 
 _INT4_MARKERS = frozenset({"scale_bias", "weight_scale_second"})
@@ -29,8 +29,7 @@ class AffineInt8(Scheme):
 
     types = ("W8A8_DYNAMIC",)
     companions = {"weight_scale": FLOAT_STORAGE, "weight_offset": FLOAT_STORAGE}
-    #: whether a missing weight_offset is an error (it is where offsets carry information)
-    offset_required = False
+    offset_required = False  # a missing weight_offset is an error where offsets carry information
 
     @classmethod
     def claims(cls, weight: TensorInfo, suffixes: frozenset[str]) -> bool:
@@ -38,11 +37,7 @@ class AffineInt8(Scheme):
         return weight.is_integer and "weight_scale" in suffixes and not suffixes & _INT4_MARKERS
 
     def prepare(
-        self,
-        weight: TensorInfo,
-        values: Mapping[str, torch.Tensor],
-        group_size: int,
-        format_version: str | None = None,
+        self, weight: TensorInfo, values: Values, group_size: int, format_version: str | None = None
     ) -> AffineDecoder:
         shape = self.logical_shape(weight)
         raw_scale = require(weight, values, "weight_scale", self.name)
@@ -84,11 +79,7 @@ class StaticInt8(Scheme):
         return weight.is_integer and "deq_scale" in suffixes and "weight_scale" not in suffixes
 
     def prepare(
-        self,
-        weight: TensorInfo,
-        values: Mapping[str, torch.Tensor],
-        group_size: int,
-        format_version: str | None = None,
+        self, weight: TensorInfo, values: Values, group_size: int, format_version: str | None = None
     ) -> AffineDecoder:
         shape = self.logical_shape(weight)
         if "weight_scale" in values:
@@ -102,9 +93,7 @@ class StaticInt8(Scheme):
             raise refused(
                 weight, f"input_scale has shape {list(input_scale.shape)}, expected one value"
             )
-        input_scale = positive(
-            weight, per_row_groups(weight, (1, 1), input_scale, "input_scale", 0), "input_scale"
-        )
+        input_scale = scale_groups(weight, (1, 1), input_scale, "input_scale", 0)
         deq = per_row_groups(weight, shape, deq_scale, "deq_scale", group_size)
         scale = positive(weight, deq / input_scale.reshape(()), "deq_scale / input_scale")
         return AffineDecoder(weight.name, weight.file, shape, scale, None)

@@ -7,35 +7,35 @@ Usage::
     decoder = scheme.prepare(info, {"weight_scale": e8m0_uint8}, group_size=32)
     w = decoder.decompress(packed_uint8, torch.bfloat16)     # (out, in) from (out, in/2)
 
-What msmodelslim 26.1.0 writes for each: docs/layouts.md, "The MX schemes". Arithmetic:
-``w = code * 2 ** (byte - 127)`` (times ``dual``) in fp32, rounded once; the power-of-two scale
-is exact, and so is the dual scale times it (refused outside fp32's normal range).
+``w = code * 2 ** (byte - 127)`` (times ``dual``) in fp32, rounded once: the power-of-two scale
+is exact, and so is the dual scale times it (refused outside fp32's normal range). The layouts:
+docs/layouts.md, "The MX schemes".
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from ...errors import DraftWeightError
 from ..checkpoint import TensorInfo
 from .affine import AffineDecoder
 from .base import (
     FLOAT_STORAGE,
-    REEXPORT,
     Scheme,
+    Values,
     block_size_for,
     finite,
+    refused,
     register_scheme,
     require,
 )
 
 #: inputs sharing one E8M0 exponent (the MX block; fixed by the format, ``mx_finfo``)
 MX_BLOCK = 32
-#: the exponent bias of the stored E8M0 bytes, and the byte that means NaN
-E8M0_BIAS, E8M0_NAN = 127, 255
+#: the E8M0 byte that means NaN
+E8M0_NAN = 255
 #: e2m1 magnitudes by the low three bits of a code; bit 3 is the sign
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 #: the largest magnitude a normal fp32 holds (2**128 * (1 - 2**-24)) and the smallest
@@ -76,10 +76,6 @@ class _PackedE2M1:
         return unpack_e2m1(codes)
 
 
-def _mx_error(weight: TensorInfo, problem: str) -> DraftWeightError:
-    return DraftWeightError(tensor=weight.name, file=weight.file, problem=problem, hint=REEXPORT)
-
-
 def block_exponents(
     weight: TensorInfo, shape: tuple[int, ...], stored: torch.Tensor, scheme: str
 ) -> torch.Tensor:
@@ -88,7 +84,7 @@ def block_exponents(
     lead, in_features = tuple(shape[:-1]), shape[-1]
     blocks = -(-in_features // MX_BLOCK)
     if tuple(stored.shape) != lead + (blocks,):
-        raise _mx_error(
+        raise refused(
             weight,
             f"{scheme} weight_scale has shape {list(stored.shape)}, but a weight of "
             f"{list(shape)} has {list(lead) + [blocks]} blocks of {MX_BLOCK} inputs "
@@ -96,7 +92,7 @@ def block_exponents(
             f"{in_features})",
         )
     if bool((stored == E8M0_NAN).any()):
-        raise _mx_error(
+        raise refused(
             weight,
             f"{scheme} weight_scale holds the byte {E8M0_NAN} (E8M0's NaN) in "
             f"{int((stored == E8M0_NAN).sum())} blocks",
@@ -112,7 +108,7 @@ class _MxScheme(Scheme):
     def _decoder(
         self,
         weight: TensorInfo,
-        values: Mapping[str, torch.Tensor],
+        values: Values,
         shape: tuple[int, ...],
         unpack: Callable[[torch.Tensor], torch.Tensor] | None,
     ) -> AffineDecoder:
@@ -132,16 +128,11 @@ class Mxfp8(_MxScheme):
 
     @classmethod
     def claims(cls, weight: TensorInfo, suffixes: frozenset[str]) -> bool:
-        # float8 with a weight_scale is also scaled FP8's claim: the scale's storage (uint8
-        # here, float there) decides, in ``infer_type``
+        # scaled FP8's claim too: the scale's storage decides, in ``infer_type``
         return weight.dtype in cls.code_dtypes and "weight_scale" in suffixes
 
     def prepare(
-        self,
-        weight: TensorInfo,
-        values: Mapping[str, torch.Tensor],
-        group_size: int,
-        format_version: str | None = None,
+        self, weight: TensorInfo, values: Values, group_size: int, format_version: str | None = None
     ) -> AffineDecoder:
         return self._decoder(weight, values, weight.shape, None)
 
@@ -167,19 +158,14 @@ class Mxfp4(_MxScheme):
         return (*stored.shape[:-1], stored.shape[-1] * 2)
 
     def prepare(
-        self,
-        weight: TensorInfo,
-        values: Mapping[str, torch.Tensor],
-        group_size: int,
-        format_version: str | None = None,
+        self, weight: TensorInfo, values: Values, group_size: int, format_version: str | None = None
     ) -> AffineDecoder:
         return self._decoder(weight, values, self.logical_shape(weight), _PackedE2M1())
 
 
 @register_scheme
 class Mxfp4W4A8(Mxfp4):
-    """W4A8_MXFP: the weights of W4A4_MXFP4 (only the activations differ, fp8 instead of
-    fp4)."""
+    """W4A8_MXFP: the weights of W4A4_MXFP4 (fp8 activations instead of fp4)."""
 
     types = ("W4A8_MXFP",)
 
@@ -205,11 +191,7 @@ class Mxfp4DualScale(Mxfp4):
         )
 
     def prepare(
-        self,
-        weight: TensorInfo,
-        values: Mapping[str, torch.Tensor],
-        group_size: int,
-        format_version: str | None = None,
+        self, weight: TensorInfo, values: Values, group_size: int, format_version: str | None = None
     ) -> AffineDecoder:
         shape = self.logical_shape(weight)
         exponents = block_exponents(
@@ -217,8 +199,7 @@ class Mxfp4DualScale(Mxfp4):
         )
         dual, dual_block = self._dual(weight, shape, values)
         in_features = shape[-1]
-        # one scale per run of ``width`` inputs that lies in one MX block and one dual block
-        # (both sizes are powers of two, or the dual block is the whole row)
+        # one scale per run of inputs inside one MX block and one dual block (powers of two)
         width = min(MX_BLOCK, dual_block)
         starts = torch.arange(0, in_features, width)
         combined = exponents[:, starts // MX_BLOCK] * dual[:, starts // dual_block]
@@ -226,7 +207,7 @@ class Mxfp4DualScale(Mxfp4):
             (combined.abs() >= _FP32_MIN_NORMAL) & (combined.abs() <= _FP32_MAX)
         )
         if not bool(exact.all()):
-            raise _mx_error(
+            raise refused(
                 weight,
                 f"{self.name}: weight_scale times weight_dual_scale leaves fp32's normal range "
                 "(the product of the two scales would not be exact)",
@@ -236,7 +217,7 @@ class Mxfp4DualScale(Mxfp4):
         )
 
     def _dual(
-        self, weight: TensorInfo, shape: tuple[int, ...], values: Mapping[str, torch.Tensor]
+        self, weight: TensorInfo, shape: tuple[int, ...], values: Values
     ) -> tuple[torch.Tensor, int]:
         """The checked fp32 dual scales (rows, ceil(in / D)) and ``D``, the power of two that
         gives the stored number of dual blocks (the saver does not record it)."""
@@ -248,7 +229,7 @@ class Mxfp4DualScale(Mxfp4):
         blocks = dims[-1] if len(dims) == len(shape) and dims[:-1] == lead else 0
         dual_block = block_size_for(in_features, blocks) if blocks else None
         if dual_block is None:
-            raise _mx_error(
+            raise refused(
                 weight,
                 f"{self.name} weight_dual_scale has shape {list(raw.shape)}, which fits no "
                 f"power-of-two dual block for a weight of {list(shape)} (expected "
@@ -258,7 +239,7 @@ class Mxfp4DualScale(Mxfp4):
             weight, raw.to(torch.float32).reshape(-1, blocks), "weight_dual_scale"
         ).contiguous()
         if bool((dual < 0).any()):
-            raise _mx_error(
+            raise refused(
                 weight,
                 f"{self.name} weight_dual_scale holds negative values (min "
                 f"{dual.min().item():.6g}); it is max|w| / 6 of a block",

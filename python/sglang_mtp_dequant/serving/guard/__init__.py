@@ -8,10 +8,6 @@ Usage::
 
 ``SGLANG_MTP_DEQUANT_GUARD`` = ``error`` (default: stop the start-up) | ``warn`` (log the same
 message once and go on) | ``off`` (skip the check).
-
-After sglang's loaders ran: ``writes``, was every part of every parameter written; ``values``,
-do float parameters hold raw codes or NaN; ``report``, each refused parameter, its sources, what
-to do.
 """
 
 from __future__ import annotations
@@ -92,7 +88,7 @@ def inspect_parameters(
 
 def check_loaded_draft(model: torch.nn.Module, load: DraftLoadRecord) -> list[Finding]:
     """Run both checks on a draft sglang just loaded; raise, warn or pass (silently) per the
-    mode. What the draft takes from the target afterwards is its class's (``drafts.py``)."""
+    mode."""
     mode = guard_mode()
     if mode == "off":
         return []
@@ -112,8 +108,7 @@ def check_loaded_draft(model: torch.nn.Module, load: DraftLoadRecord) -> list[Fi
         )
         for name, what in unwritten.items()
     ]
-    # values of the complete ones (a part never written holds whatever memory held), except
-    # those a quantization method owns: codes and scales in its own layout by design
+    # values of the complete ones, except those a quantization method owns (codes by design)
     owned = quant_owned(model)
     written = {
         n: writes.params[n]
@@ -139,8 +134,8 @@ def check_loaded_draft(model: torch.nn.Module, load: DraftLoadRecord) -> list[Fi
 
 
 def _built_as(load: DraftLoadRecord) -> str | None:
-    """``compressed_tensors; config.json: compressed-tensors (pack-quantized)`` for a draft
-    sglang built quantized, None for one built unquantized."""
+    """``compressed_tensors; config.json: compressed-tensors (pack-quantized)``, None for a draft
+    built unquantized."""
     if load.quantization is None:
         return None
     declared = load.plan.checkpoint.declared if load.plan is not None else None

@@ -65,8 +65,7 @@ class Finding:
     unwritten: str | None = None  # which parts sglang's loaders never wrote
     nonfinite_rows: int = 0
     sources: list[Source] = field(default_factory=list)
-    #: streamed names meant for this parameter's layer that no loader placed (``X.weight_scale``
-    #: beside a missing ``X.weight``): what should have fed a parameter never written
+    #: streamed names meant for this parameter's layer that no loader placed
     meant: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
@@ -105,9 +104,8 @@ def sources_from_checkpoint(checkpoint: Checkpoint) -> list[Source]:
 
 
 class SourceIndex:
-    """The sources behind each parameter: the names whose writes reached it (the write
-    recorder's ``fed_by``), else, for a parameter nothing wrote, the names that would have fed
-    it by sglang's naming (``parameter_names.NameIndex``); with what each streamed as."""
+    """The sources behind each parameter: the names whose writes reached it, else the names that
+    would have fed it by sglang's naming; with what each streamed as."""
 
     def __init__(
         self,
@@ -183,8 +181,7 @@ class MisloadedDraftError(DraftWeightError):
 
 
 def quantized_draft_hint(doctor: str) -> str:
-    """What to do about a draft sglang built quantized: its parameters that no quantization
-    method owns (``fc`` / ``eh_proj``, norms, layers the config ignores) take float weights."""
+    """What to do about a draft sglang built quantized."""
     return (
         f"run `{doctor} <your launch flags, e.g. --device cuda>` to see how each draft tensor "
         "is stored; a parameter no quantization method owns (fc / eh_proj, the norms, a layer "

@@ -5,9 +5,8 @@ Usage::
     evidence = code_evidence(param)     # None for ordinary float weights
     evidence.describe()                 # "rows 0-383 of 384 are all integers (absmax 127, ...)"
 
-Why values: a checkpoint can lie to names, dtypes and the description the plan decides from
-(codes in a bf16 tensor, a description saying FLOAT); codes copied into a float parameter
-keep the grid of their format. The grids and the test's cost, on ``code_evidence``.
+Why values: a checkpoint can lie to the names, dtypes and description the plan decides from;
+codes copied into a float parameter keep the grid of their format.
 """
 
 from __future__ import annotations
@@ -35,8 +34,8 @@ class CodeFormat:
     min_distinct: int
 
     def on_grid(self, values: torch.Tensor, informative: float, full: bool = True) -> torch.Tensor:
-        """Per row of fp32 ``values``: is every value a code of this format? ``full=False``
-        (a few sampled columns) asks only what every sampled value must satisfy."""
+        """Per row of fp32 ``values``: is every value a code of this format? ``full=False`` (a few
+        sampled columns) asks only what every sampled value must satisfy."""
         magnitude = values.abs()
         if self.name == "integer":
             # finite whole numbers, mostly below 2**mantissa_bits over a row (huge bf16 values
@@ -92,11 +91,9 @@ class CodeEvidence:
 
 
 def code_evidence(tensor: torch.Tensor) -> CodeEvidence | None:
-    """Evidence that rows of a float tensor hold raw codes of some format (the one whose grid
-    holds the most rows: integers, float8, fp4), or None. A float weight is on none of them; a
-    norm of ones is on all, hence the distinct values and absmax asked for. Float rows are
-    rejected from a few sampled columns; grid rows are read until conclusive.
-    """
+    """Evidence that rows of a float tensor hold raw codes (of the format whose grid holds the
+    most rows), or None. A norm of ones is on every grid, hence the distinct values and absmax
+    asked for."""
     found = [e for e in (grid_evidence(tensor, fmt) for fmt in FORMATS) if e is not None]
     return max(found, key=lambda e: e.row_count, default=None)
 
@@ -106,8 +103,7 @@ def integer_code_evidence(tensor: torch.Tensor) -> CodeEvidence | None:
 
 
 def nonfinite_rows(tensor: torch.Tensor) -> int:
-    """How many rows hold NaN or inf (never a trained weight; an unwritten slot the plugin filled
-    with NaN); one sum first, so a healthy parameter costs one read."""
+    """How many rows hold NaN or inf (one sum first: a healthy parameter costs one read)."""
     if not tensor.is_floating_point() or tensor.numel() == 0:
         return 0
     flat = tensor.detach()
@@ -118,9 +114,9 @@ def nonfinite_rows(tensor: torch.Tensor) -> int:
 
 
 def grid_evidence(tensor: torch.Tensor, fmt: CodeFormat) -> CodeEvidence | None:
-    """Evidence that rows of a float ``tensor`` hold codes of ``fmt``, or None: the rows all
-    on its grid, when together they reach ``fmt.min_absmax`` and ``fmt.min_distinct`` values
-    (row-wise: a stacked ``qkv_proj`` whose k rows hold codes is caught)."""
+    """The rows of a float ``tensor`` on ``fmt``'s grid, when together they reach
+    ``fmt.min_absmax`` and ``fmt.min_distinct`` values (row-wise: k rows of a ``qkv_proj``
+    count); else None. Off-grid rows are rejected from sampled columns."""
     if not tensor.is_floating_point() or tensor.numel() == 0:
         return None
     flat = tensor.detach()
@@ -156,8 +152,7 @@ def grid_evidence(tensor: torch.Tensor, fmt: CodeFormat) -> CodeEvidence | None:
                 seen = seen[seen.abs() < informative]
             values = torch.unique(torch.cat([values, seen.cpu()]))
         if absmax >= fmt.min_absmax and values.numel() >= fmt.min_distinct:
-            # conclusive on fully read rows: the remaining candidate rows (samples on the
-            # grid) are reported as they are, not read again
+            # conclusive: the remaining candidate rows are reported as sampled
             code_rows.append(candidates[start + block :])
             break
     if not code_rows or absmax < fmt.min_absmax or values.numel() < fmt.min_distinct:

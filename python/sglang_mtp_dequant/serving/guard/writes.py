@@ -10,8 +10,8 @@ Usage::
     writes.fed_by["model.layers.0.qkv_proj.weight"]   # the names that wrote it
 
 Why: sglang's draft ``load_weights`` skip names they do not know and never check that every
-parameter was written, so a checkpoint missing one projection, one expert or ``mtp.fc`` starts
-a server whose draft holds uninitialised memory. How a write is credited, on ``WriteRecorder``.
+parameter was written, so a checkpoint missing one projection or expert serves uninitialised
+memory.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ Item = TypeVar("Item")
 #: what one recorder does with one call of a parameter's loader: (args, kwargs, source name)
 Listener = Callable[[tuple, dict, str | None], None]
 
-#: parameter token -> the checkpoint tokens sglang 0.5.23's loaders write concatenated into it
-#: in one call (a write credited to one is theirs all)
+#: parameter token -> the checkpoint tokens sglang's loaders write into it in one call
 CONCATENATED = {"fused_qkv_a_proj_with_mqa": ("q_a_proj", "kv_a_proj_with_mqa")}
 #: parameter token -> the checkpoint tokens sglang copies into it without its ``weight_loader``
 #: (0.5.23's DSA indexer ``wk_weights_proj``, on CUDA)
@@ -39,18 +38,17 @@ WRITTEN_WITHOUT_LOADER = {"wk_weights_proj": ("wk", "weights_proj")}
 
 
 class _Tap:
-    """One parameter's loader, as it was before any recorder, and the recorders listening to
-    it. Shared by nested recorders (``verify`` records a load whose hook records it too)."""
+    """One parameter's loader before any recorder, and the recorders listening to it (nested
+    recorders share it: ``verify`` records a load whose hook records it too)."""
 
     def __init__(self, param: torch.nn.Parameter, original: Callable[..., Any]) -> None:
         self.original = original
         self.listeners: list[Listener] = []
-        #: where ``param.weight_loader`` is read from: the parameter's attributes and the key
         self.attributes, self.slot = vars(param), weight_loader_slot(param)
         self.unbound = _Credited(self.call, None)
 
     def call(self, source: str | None, *args: Any, **kwargs: Any) -> Any:
-        """The original loader with sglang's arguments and its result; the listeners told."""
+        """The original loader's result; the listeners told."""
         result = self.original(*args, **kwargs)
         for listener in self.listeners:
             listener(args, kwargs, source)
@@ -58,8 +56,7 @@ class _Tap:
 
 
 class _Credited(functools.partial):
-    """A parameter's loader as sglang read it while processing checkpoint tensor ``source``
-    (``_Credited(tap.call, source)``: a partial, made once per parameter and streamed name)."""
+    """A parameter's loader as sglang read it while processing checkpoint tensor ``source``."""
 
     __slots__ = ()
 
@@ -73,13 +70,10 @@ class _Credited(functools.partial):
 
 
 class WriteRecorder:
-    """Records every write sglang's loaders make into the draft's parameters, for one load.
-
-    The parameter: the one whose (temporarily replaced) ``weight_loader`` sglang called. The
-    checkpoint tensor: the draft name the stream handed on last when sglang read that loader
-    (``on_streamed``), so a call credits it wherever it runs. A part: a stacked linear's shard,
-    a FusedMoE parameter's (local expert, shard), else the whole parameter.
-    """
+    """Records every write sglang's loaders make into the draft's parameters, for one load: the
+    parameter whose ``weight_loader`` sglang called, credited to the draft name the stream handed
+    on last when sglang read that loader; the part written (a stacked linear's shard, a
+    FusedMoE's (local expert, shard), else all of it)."""
 
     def __init__(self, model: torch.nn.Module, from_target: Iterable[str] = ()) -> None:
         from_target = tuple(from_target)
@@ -92,12 +86,11 @@ class WriteRecorder:
         self.written: dict[str, set[tuple]] = {name: set() for name in self.params}
         #: parameter -> the streamed checkpoint names whose writes reached it, in write order
         self.fed_by: dict[str, list[str]] = {name: [] for name in self.params}
-        self._credited: set[tuple[str, str]] = set()  # (parameter, name) pairs in ``fed_by``
+        self._credited: set[tuple[str, str]] = set()
         self._expected: dict[str, set[tuple] | None] = {}
         self._taps: list[_Tap] = []
         self._joined: list[tuple[_Tap, Listener]] = []
         self._undo: list[Callable[[], Any]] = []
-        #: every draft name the stream handed sglang, in order (a dict: ordered, no repeats)
         self._streamed: dict[str, None] = {}
         self._fed: set[str] = set()
         self._lock = threading.Lock()  # DeepSeek's thread pool records concurrently
@@ -130,17 +123,14 @@ class WriteRecorder:
         self._credit_written_without_loader()
 
     def on_streamed(self, name: str, tensor: torch.Tensor) -> None:
-        """The stream hands draft tensor ``name`` to sglang: every loader sglang reads from now
-        until the next draft name (or the end of a followed stream) credits ``name``.
-        (``tensor`` is not looked at.)"""
+        """The stream hands draft tensor ``name`` on: every loader sglang reads until the next
+        draft name credits it."""
         self._streamed[name] = None
-        # once per parameter and streamed name, so straight into the attribute's slot
         for tap in self._taps:
             tap.attributes[tap.slot] = _Credited(tap.call, name)
 
     def follow(self, weights: Iterable[Item]) -> Iterator[Item]:
-        """``weights`` unchanged, the loaders unbound when sglang has read the last tensor (a
-        loader read afterwards is no name's)."""
+        """``weights`` unchanged, the loaders unbound after the last tensor."""
         yield from weights
         for tap in self._taps:
             tap.attributes[tap.slot] = tap.unbound
@@ -150,8 +140,7 @@ class WriteRecorder:
         weights: Iterable[tuple[str, torch.Tensor]],
         is_draft: Callable[[str], bool] = lambda name: True,
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """``weights`` unchanged, each draft name told to the recorder as sglang pulls it, for
-        loads fed a plain stream (the CLI's dry run, ``verify``)."""
+        """``weights`` unchanged, each draft name told to the recorder as sglang pulls it."""
         for name, tensor in weights:
             if is_draft(name):
                 self.on_streamed(name, tensor)
@@ -180,9 +169,8 @@ class WriteRecorder:
             self.fed_by[parameter].append(source)
 
     def _credit_written_without_loader(self) -> None:
-        """``WRITTEN_WITHOUT_LOADER``: a streamed name no loader took, ``...<module>.<part>.<x>``,
-        fed the draft's one parameter ``...<module>.<token>.weight``; its part is written when
-        ``<x>`` is ``weight``."""
+        """``WRITTEN_WITHOUT_LOADER``: a streamed ``...<module>.<part>.<x>`` no loader took fed
+        the one parameter ``...<module>.<token>.weight``, written when ``<x>`` is ``weight``."""
         for token, parts in WRITTEN_WITHOUT_LOADER.items():
             targets = [n for n in self.params if n.split(".")[-2:] == [token, "weight"]]
             if len(targets) != 1:
@@ -223,9 +211,8 @@ class WriteRecorder:
 
 
 def optional_parameters(model: torch.nn.Module) -> set[str]:
-    """Parameters sglang builds with their final value that a correct checkpoint may lack: a
-    description listing any ``norm.bias`` makes ``ModelSlimConfig`` give every RMSNorm built
-    afterwards a zero ``bias``, and only the norms the anti-outlier pass touched have one stored."""
+    """Parameters a correct checkpoint may lack: the zero ``bias`` ``ModelSlimConfig`` gives every
+    RMSNorm once a description lists any ``norm.bias`` (only anti-outlier norms store one)."""
     return {
         f"{name}.bias" if name else "bias"
         for name, module in model.named_modules()
@@ -235,8 +222,8 @@ def optional_parameters(model: torch.nn.Module) -> set[str]:
 
 
 def _concatenated_with(parameter: str, source: str, streamed: Iterable[str]) -> list[str]:
-    """``source`` and, for a ``CONCATENATED`` parameter, its streamed partners: the same name
-    with the part's token swapped (``...q_a_proj.weight`` for ``...kv_a_proj_with_mqa.weight``)."""
+    """``source`` and, for a ``CONCATENATED`` parameter, its streamed partners (the part's token
+    swapped)."""
     parts = CONCATENATED.get(parameter.rpartition(".")[0].rpartition(".")[2])  # <module>.weight
     if not parts:
         return [source]
@@ -290,8 +277,8 @@ def _part_reader(module: Any) -> Callable[[tuple, dict], tuple | None]:
 
 
 def _expected_parts(module: Any, name: str) -> set[tuple] | None:
-    """Every part a complete load writes into parameter ``name`` of ``module`` (the owner of
-    its weight_loader); None: one write is complete."""
+    """Every part a complete load writes into parameter ``name`` of its loader's ``module``;
+    None: one write is complete."""
     if module is not None and expert_map(module) is not None:
         last = name.rpartition(".")[2]
         shards = (

@@ -8,10 +8,8 @@ Usage::
     print(json.dumps(report.to_json()))     # {"schema_version": SCHEMA_VERSION, "verdict": ...}
     sys.exit(0 if report.verdict == "ok" else 1)
 
-Why: the bug this package fixes is silent, so an operator asks before starting a server "will
-this draft load correctly, and in which launch form?"; the doctor answers with the plugin's own
-decisions. ``model.py`` the result, ``analysis.py`` ``diagnose``, ``form_table.py`` every launch
-form, ``render.py`` the text.
+Why: the misload is silent, so an operator asks before starting a server "will this draft load
+correctly, and in which launch form?"; the doctor answers with the plugin's own decisions.
 """
 
 from .analysis import diagnose

@@ -1,10 +1,8 @@
 """What the doctor finds: ``diagnose`` fills a ``Diagnosis`` for one checkpoint path.
 
-The decisions the plugin takes at load time, on the files sglang would stream, by the same code
-(``Checkpoint``, ``DequantPlan``, the serving hooks); what stock sglang does instead; and, from
-a dry run of sglang's own draft class on the meta device (``dryrun.py``), which draft
-parameters no checkpoint tensor fills. It reads headers, ``config.json``, the description and
-the small companion tensors, never a weight.
+The plugin's load-time decisions, by the same code, on the files sglang would stream; what stock
+sglang does instead; and, from a dry run of sglang's own draft class (``dryrun.py``), which
+parameters nothing fills. No weight is read.
 """
 
 from __future__ import annotations
@@ -52,11 +50,8 @@ def diagnose(
     launch: Launch | None = None,
     forms: bool = False,
 ) -> Diagnosis:
-    """Everything the doctor reports about ``path`` (what sglang gets as ``--model-path``);
-    never raises on a bad checkpoint. ``dry_run=False`` skips building the draft class (the
-    verdict is then ``unchecked``); ``launch``: the user's sglang flags (None: as on NPU, the
-    draft quantization unset); ``forms``: also answer every launch form, with a recommendation.
-    """
+    """Everything the doctor reports about ``path``; never raises on a bad checkpoint.
+    ``launch``: the user's sglang flags (None: as on NPU); ``forms``: every launch form too."""
     from ..cpu_env import forget_stand_ins
     from ..launch import DEFAULT_ANSWER, default_launch
 
@@ -112,15 +107,13 @@ class _Asked:
     launch: Launch
     config: CheckpointConfig | None
     spec: DraftSpec | None  # the hooked class whose load_weights runs for the draft
-    built: Built | None  # sglang's draft on the meta device (None: not built)
+    built: Built | None
     ckpt: Checkpoint  # the draft's tensors
 
 
 def _target(report: Diagnosis, asked: _Asked, is_draft: NameRule) -> None:
-    """The target of the same launch: its MoE layers described with FLOAT experts (built with
-    ModelSlim in every form, stock stops there; the plugin's hook builds them unquantized, or
-    refuses them part FLOAT), and its linear layers built as sglang builds them
-    (``target_check``: unquantized over codes, and what the plugin does about them)."""
+    """The target of the same launch: its MoE layers described with FLOAT experts (stock stops
+    there in every form) and its linear layers built unquantized over codes (``target_check``)."""
     cells = []
     plan = moe_layer_plan(asked.ckpt.description)
     stops = plan.target_stops(is_draft) if asked.launch.device == "npu" else ()
@@ -163,8 +156,7 @@ def _resolve(
 
 
 def _tensors(report: Diagnosis, asked: _Asked, plan: DequantPlan, is_draft: NameRule) -> None:
-    """One row per draft tensor (and per companion nothing uses), what each load walks, and
-    the problem of a checkpoint with no weights or no draft."""
+    """One row per draft tensor (and per companion nothing uses), and what each load walks."""
     ckpt = asked.ckpt
     report.description_file = ckpt.description_file
     _draft_walk(report, asked, is_draft)
@@ -183,9 +175,8 @@ def _tensors(report: Diagnosis, asked: _Asked, plan: DequantPlan, is_draft: Name
 
 
 def _who_decodes(report: Diagnosis, asked: _Asked, is_draft: NameRule) -> DequantPlan | None:
-    """Which codes the plugin decodes (every one of a draft built unquantized; of one built
-    quantized, its plain parts') and whether sglang would load the plugin; returns a quantized
-    draft's plan of its plain parts."""
+    """Which codes the plugin decodes and whether sglang would load the plugin; returns a
+    quantized draft's plan of its plain parts."""
     spec, built = asked.spec, asked.built
     codes = [t for t in report.tensors if t.codes and t.action != "pass"]
     report.plugin_acts = spec is not None and (built is None or built.quant_config is None)
@@ -203,7 +194,6 @@ def _who_decodes(report: Diagnosis, asked: _Asked, is_draft: NameRule) -> Dequan
             "which this plugin does not hook (not supported yet): serve the draft quantized "
             "(--speculative-draft-model-quantization) or re-export the MTP layers as FLOAT"
         )
-    # a quantized draft needs the plugin when it decodes the codes of a plain part
     _activation(report, needed=bool(codes) and (report.plugin_acts or plain_plan is not None))
     return plain_plan
 
@@ -211,8 +201,7 @@ def _who_decodes(report: Diagnosis, asked: _Asked, is_draft: NameRule) -> Dequan
 def _load_dry_run(
     report: Diagnosis, asked: _Asked, plan: DequantPlan, plain_plan: DequantPlan | None
 ) -> None:
-    """The load on the meta device, stock and through the plugin's stream, unless the plugin
-    refuses tensors before it."""
+    """The load on the meta device, stock and through the plugin's stream."""
     built = asked.built
     assert built is not None
     quantized = built.quant_config is not None
@@ -229,8 +218,7 @@ def _load_dry_run(
 
 
 def _draft_walk(report: Diagnosis, asked: _Asked, is_draft: NameRule) -> None:
-    """How many tensors and files the draft load walks, stock and with the plugin (which
-    streams only the files the index says hold the draft's tensors: ``narrowing.py``)."""
+    """How many tensors and files the draft load walks, stock and with the plugin."""
     source, spec = asked.source, asked.spec
     keeps = is_draft
     if spec is not None:
@@ -255,8 +243,7 @@ def _draft_walk(report: Diagnosis, asked: _Asked, is_draft: NameRule) -> None:
 
 
 def _build(report: Diagnosis, source: WeightSource, launch: Launch | None) -> Built | None:
-    """sglang's draft on the meta device as stock sglang builds it; where stock cannot, as
-    the plugin builds it (``_built_by_the_plugin``); or None, said why."""
+    """sglang's draft on the meta device as stock builds it, else as the plugin does, or None."""
     from ..dryrun import build_meta_draft, draft_architecture
 
     report.form = _form_text(launch)
@@ -275,10 +262,8 @@ def _build(report: Diagnosis, source: WeightSource, launch: Launch | None) -> Bu
 def _built_by_the_plugin(
     report: Diagnosis, source: WeightSource, launch: Launch | None, exc: Exception
 ) -> Built | None:
-    """Stock sglang could not build the draft (``exc``). Built with ModelSlim, that is the
-    server's start-up stop, and the draft is built again with the plugin's own hook
-    (``float_layers.builds_as_the_plugin``): built, refused, or stopped as stock is. Any other
-    build that fails here was not checked."""
+    """Stock sglang could not build the draft (``exc``): with ModelSlim the server's start-up
+    stop, so the draft is built again with the plugin's hook; any other failure is unchecked."""
     from ...formats.description import read_description
     from ...serving.float_layers import builds_as_the_plugin
     from ..dryrun import build_meta_draft
@@ -331,7 +316,7 @@ def _form_text(launch: Launch | None) -> str:
 
 
 def _describe_build(report: Diagnosis, built: Built, launch: Launch | None) -> None:
-    """The ``built:`` line: sglang's draft quantization, where it came from, and the class."""
+    """The ``built:`` line: sglang's draft quantization, where it came from, the class."""
     from ..draft_memory import draft_parameter_bytes, vocab_copy_bytes
 
     quantization, given = _flags(launch)
@@ -357,9 +342,8 @@ def _describe_build(report: Diagnosis, built: Built, launch: Launch | None) -> N
 def _plain_parts(
     report: Diagnosis, built: Built, ckpt: Checkpoint, is_draft: NameRule
 ) -> DequantPlan:
-    """A quantized draft: the plugin's plan for the tensors of its plain parts (``LoadSetting``'s
-    names: ``plain_parts.plain_linears`` / ``feeds_plain_linear``), which no quantization method
-    reads; their rows replace the 'pass' rows."""
+    """A quantized draft: the plugin's plan for the tensors of its plain parts, which no
+    quantization method reads; their rows replace the 'pass' rows."""
     from ...serving.plain_parts import feeds_plain_linear, plain_linears
 
     linears = plain_linears(built.model)
@@ -383,8 +367,7 @@ def _plain_parts(
 def _draft_names(
     spec: DraftSpec | None, built: Built | None, config: CheckpointConfig | None
 ) -> NameRule:
-    """The draft class's own name rule (``DraftSpec.draft_names``), or, for a class the plugin
-    does not hook, the rule of its family."""
+    """The draft class's own name rule, or, for a class the plugin does not hook, its family's."""
     if spec is not None:
         return spec.draft_names(built.model if built is not None else config)
     if built is not None and "NextN" in built.class_name:
@@ -512,7 +495,7 @@ def _dry_run(
     report.dry_run = f"{coverage.class_name} on the meta device, {how}"
     report.unfilled = coverage.unwritten
     report.skipped = coverage.skipped
-    # an unhooked class: the misload is why the draft is unsupported, said beside it
+    # an unhooked class: the misload is why the draft is unsupported, a note
     found = report.notes if spec is None and not quantized else report.problems
     who = "sglang's loader copies" if spec is not None else "stock sglang copies"
     for parameter, sources in coverage.codes_in_float.items():
@@ -527,9 +510,8 @@ def _dry_run(
 def _stock_dry_run(
     report: Diagnosis, built: Built, ckpt: Checkpoint, spec: DraftSpec | None
 ) -> None:
-    """Stock sglang's own loader on the same meta draft: what it raises (DeepSeek's NextN on the
-    fused shared expert's ``weight_offset``, packed int4 on a shape check), or, for a quantized
-    draft, the float parameters it leaves unwritten or fills with raw codes."""
+    """Stock sglang's loader on the same meta draft: what it raises, or, for a quantized draft,
+    the float parameters it leaves unwritten or fills with raw codes."""
     from ..dryrun import simulate_load
 
     try:
@@ -542,9 +524,7 @@ def _stock_dry_run(
 
 
 def _settle_stock(report: Diagnosis) -> None:
-    """What stock sglang does with this launch, short (``stock_outcome``) and said
-    (``stock``): the first of its start-up stops (the target, the draft's build, its loader),
-    what its dry run left wrong, else each draft tensor's fate."""
+    """What stock sglang does with this launch, short (``stock_outcome``) and said (``stock``)."""
     version, draft = f"stock sglang {sglang_version()}", report.draft_class or "the draft"
     how = f"quantized ({report.built_quantized})" if report.built_quantized else "unquantized"
     seen = "(seen in a dry run of sglang's own load_weights without the plugin)"
@@ -594,8 +574,7 @@ STOCK_UNKNOWN = (
 
 
 def _stock_by_tensor(report: Diagnosis, version: str, draft: str) -> None:
-    """Stock's answer from each draft tensor's fate (``_stock_for``), where no dry run said
-    otherwise."""
+    """Stock's answer from each draft tensor's fate, where no dry run said otherwise."""
     codes = [t for t in report.tensors if t.codes and t.action != "pass"]
     silent = [t for t in codes if t.stock == STOCK_SILENT]
     loud = sum(t.stock == STOCK_LOUD for t in codes)
@@ -659,7 +638,7 @@ def _draft_spec(report: Diagnosis, config: CheckpointConfig | None) -> DraftSpec
 
 
 def _stock_for(entry: PlannedTensor) -> str:
-    """What sglang's unwrapped loader does with this tensor (checked in test_doctor.py)."""
+    """What sglang's unwrapped loader does with this tensor."""
     info = entry.info
     if not info.holds_codes:
         return "loads as is"

@@ -5,9 +5,8 @@ Usage (``diagnose`` calls it)::
     answer_every_form(report, doctor_for_launch, path, launch)   # report.forms, .recommended
 
 Why: the form a user types decides how sglang builds the draft (``forms.py``); the doctor asks
-sglang for each of them, on the same checkpoint with the user's other flags, and counts the
-draft's parameters on the meta build of each. The recommendation is the form whose draft takes
-the least memory with the plugin among those it serves right.
+sglang for each, with the user's other flags, and recommends the one whose draft takes the least
+memory among those the plugin serves right.
 """
 
 from __future__ import annotations
@@ -30,9 +29,8 @@ def answer_every_form(
     path: str,
     launch: Launch | None,
 ) -> None:
-    """``report.forms``: the doctor's answer for each form (``diagnose_launch``: the doctor for
-    one launch of the same checkpoint; the user's own form is ``report``), and
-    ``report.recommended``. Only for a ModelSlim export on NPU: what the forms are launches of."""
+    """``report.forms`` (``diagnose_launch``: the doctor for one launch of the same checkpoint)
+    and ``report.recommended``, for a ModelSlim export on NPU."""
     from ..launch import with_quantization
 
     device = launch.device if launch is not None else "npu"
@@ -77,8 +75,8 @@ def _answer(form: Form, answer: Diagnosis) -> FormAnswer:
 
 
 def recommend(answers: list[FormAnswer]) -> str:
-    """The form(s) with the least draft memory (with the plugin) among those that serve right
-    with the plugin, and how much less than the largest that serves."""
+    """The form(s) with the least draft memory among those the plugin serves right, and how much
+    less than the largest."""
     serving = [a for a in answers if a.plugin_serves and a.draft_bytes is not None]
     if not serving:
         return "none: no form serves this checkpoint right (see the forms above)"

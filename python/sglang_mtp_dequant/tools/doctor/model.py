@@ -8,7 +8,6 @@ from typing import Any
 from ...serving.float_layers import DRAFT_WAY_OUT
 from ..verdicts import DOCTOR_SCHEMA_VERSION, ERROR, INACTIVE, OK, UNCHECKED, UNSUPPORTED
 
-#: version of the JSON layout ``Diagnosis.to_json`` writes (``verdicts.DOCTOR_SCHEMA_VERSION``)
 SCHEMA_VERSION = DOCTOR_SCHEMA_VERSION
 
 
@@ -48,15 +47,12 @@ class FormAnswer:
     plugin: str  # the same with the plugin: "serves right", "error: ...", ...
     plugin_serves: bool
     target: str  # the target's cell ("": nothing wrong with the target)
-    #: the draft's own parameters on one rank with the plugin (less the embedding and lm_head,
-    #: taken from the target), and the vocab-sized copies stock holds besides at KV sizing
-    draft_bytes: int | None
+    draft_bytes: int | None  # ``Diagnosis.draft_bytes``
     vocab_bytes: int | None = None
     stock_error: str = ""  # sglang's own error quoted in ``stock``, if any
 
     def line(self, said: dict[str, str]) -> str:
-        """The table line; an error already quoted (``said``: text -> where) is named, not
-        quoted again."""
+        """The table line; an error already quoted (``said``: text -> where) is named."""
         stock = self.stock
         if self.stock_error in said:
             stock = stock.replace(self.stock_error, f"as {said[self.stock_error]}")
@@ -89,30 +85,24 @@ class Diagnosis:
     hooked_by: str | None = None  # the hooked class whose load_weights runs for it
     hooked: bool = False
     draft_dtype: str | None = None  # from config.json or the dry run; never guessed
-    #: sglang's draft ModelConfig quantization, and what the built class keeps
     draft_quantization: str | None = None
     built_quantized: str | None = None
     built: str = ""  # how sglang builds the draft, one sentence
     launch: str = ""  # for which launch (flags, platform stood in) the answer was asked
     form: str = ""  # the launch's form (``forms.FORMS``), e.g. "F2 (--quantization modelslim)"
-    #: sglang's own error where stock sglang cannot build the draft (its start-up stops), and
-    #: where its loader stops (seen in the dry run without the plugin)
+    #: sglang's own error where stock cannot build the draft, and where its loader stops
     startup_error: str = ""
     stock_loader_error: str = ""
     #: float parameters stock sglang's load leaves unwritten or fills with raw codes
     stock_garbage: list[str] = field(default_factory=list)
-    #: why stock sglang stops at the target in every form (its MoE layers with FLOAT experts)
-    target_stop: str = ""
-    #: how many target layers stock sglang loads as raw codes (``TargetCheck.outcome``)
-    target_garbage: str = ""
+    target_stop: str = ""  # why stock stops at the target in every form (FLOAT experts)
+    target_garbage: str = ""  # how many target layers stock loads as raw codes
     target: str = ""  # the target's cell of the form table ("": nothing wrong with it)
-    #: the short form of ``stock``, and whether stock sglang serves this draft right
-    stock_outcome: str = ""
+    stock_outcome: str = ""  # the short form of ``stock``
     stock_serves: bool | None = None
-    #: what the plugin builds differently from stock (a draft built quantized with FLOAT layers)
-    plugin_builds: str = ""
-    #: the draft's own parameters on this rank (less the embedding and lm_head), meta build,
-    #: and its own vocab-sized embedding and lm_head, which stock holds at KV-pool sizing
+    plugin_builds: str = ""  # what the plugin builds differently (FLOAT MoE layers)
+    #: the draft's own parameters on this rank (less the embedding and lm_head, the target's),
+    #: and the vocab-sized copies stock holds besides
     draft_bytes: int | None = None
     vocab_bytes: int | None = None
     forms: list[FormAnswer] = field(default_factory=list)  # every form, for the same checkpoint
@@ -120,7 +110,7 @@ class Diagnosis:
     plugin_acts: bool = False
     plugin_active: bool | None = None  # sglang would load the plugin here (None: not asked)
     plugin_activation: str = ""
-    error_kind: str | None = None  # an input error (tools/preflight.KINDS)
+    error_kind: str | None = None  # an input error's kind (``InputError.kind``)
     unchecked: list[str] = field(default_factory=list)  # what could not be checked, and why
     unsupported: str = ""
     inactive: str = ""
@@ -130,11 +120,10 @@ class Diagnosis:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     tensors: list[TensorRow] = field(default_factory=list)
-    #: from the dry run: parameter -> the parts no checkpoint tensor fills; names it skips
+    #: from the dry run: parameter -> the parts nothing fills; names it skips
     unfilled: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     dry_run: str = ""  # which class was dry-run, or why none was
-    #: the tensors and files the draft load walks, stock and with the plugin (``Walk.to_json``)
     walk: dict[str, Any] | None = None
 
     @property
@@ -200,7 +189,7 @@ class Diagnosis:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        """Every field (an empty text as null), under the names of schema 3 and on."""
+        """Every field (an empty text as null)."""
         fields = {JSON_NAMES.get(k, k): v for k, v in vars(self).items() if k != "tensors"}
         return {
             "schema_version": SCHEMA_VERSION,

@@ -96,7 +96,6 @@ def _table_lines(report: Diagnosis) -> list[str]:
 
 
 def _finding_lines(report: Diagnosis) -> list[str]:
-    """Stock's outcome, the refusals by reason, the dry run's findings, notes and problems."""
     lines = [f"  stock: {report.stock}"] if report.stock else []
     refused: dict[tuple[str, str], list[str]] = {}
     for row in report.tensors:
@@ -122,8 +121,7 @@ def _finding_lines(report: Diagnosis) -> list[str]:
 
 
 def _form_lines(report: Diagnosis) -> list[str]:
-    """Every launch form's answer for this checkpoint (sglang's error quoted once), and the
-    recommended one."""
+    """Every launch form's answer (sglang's error quoted once), and the recommended one."""
     if not report.forms:
         return []
     said = {report.stock_error: "above"} if report.stock_error else {}

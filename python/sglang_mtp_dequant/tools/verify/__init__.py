@@ -5,9 +5,6 @@ Usage::
     report = run_verify("/ckpt", reference="/ckpt-float-mtp.safetensors")
     print(render_verify(report))
     sys.exit(0 if report.ok else 1)
-
-Split by concern: ``independent`` (the independent dequantizer), ``run`` (building and loading
-the draft through sglang, comparing), ``report`` (the result), ``render`` (the text).
 """
 
 from .independent import independent_dequantize

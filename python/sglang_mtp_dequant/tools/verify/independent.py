@@ -6,9 +6,7 @@ Usage::
     # fp32 (out, in), or None for a layout this module has no rule for
 
 It shares no arithmetic with ``schemes/``: whatever the plugin computes is compared against
-straightforward whole-tensor fp32 formulas, written from ModelSlim's format (msmodelslim
-26.1.0's savers), the FP8 checkpoints' convention and the foreign formats' own descriptions;
-the formulas, on ``independent_dequantize``.
+whole-tensor fp32 formulas written from the formats' own descriptions (docs/layouts.md).
 """
 
 from __future__ import annotations
@@ -34,8 +32,7 @@ def _expand(values: torch.Tensor, rows: int, cols: int) -> torch.Tensor | None:
 
 
 def int4_nibbles(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(low, high) nibbles of int8 bytes as signed int16, by masking and re-centring (the
-    tests' reference unpacks msmodelslim's int4 pairs with it too)."""
+    """(low, high) nibbles of int8 bytes as signed int16, by masking and re-centring."""
     byte = packed.to(torch.int16) & 0xFF
     low, high = byte & 0xF, (byte >> 4) & 0xF
     return torch.where(low >= 8, low - 16, low), torch.where(high >= 8, high - 16, high)
@@ -56,27 +53,9 @@ def _interleave(low: torch.Tensor, high: torch.Tensor, axis: int) -> torch.Tenso
 def independent_dequantize(
     tensors: Mapping[str, torch.Tensor], name: str, described: str | None, version: str | None
 ) -> torch.Tensor | None:
-    """fp32 weight of checkpoint tensor ``name`` from its raw companions in ``tensors``, or
-    None where this module has no rule (3-D fused-expert tensors, unknown layouts).
-
-    The formulas (msmodelslim 26.1.0's savers, the FP8 checkpoints' convention):
-
-    - W8A8_DYNAMIC / W8A16 / V0 static with ``weight_scale``: ``(q - offset) * scale``;
-      static W8A8 V1: ``q * deq_scale / input_scale`` (an int64 ``deq_scale`` holds f32 bits)
-    - W4A8_DYNAMIC: int4 pairs along ``out`` (``byte = (even & 0xF) | (odd << 4)``),
-      ``q * scale``, two-stage ``(q * weight_scale_second) * weight_scale``; W4A16: pairs along
-      ``in`` per channel (version 1.0.0), along ``out`` per group, ``(q - offset) * scale``
-    - float8 with ``weight_scale_inv`` (one per 128 x 128 block, power-of-two blocks) or
-      ``weight_scale`` (per tensor or channel): ``q * scale``
-    - compressed-tensors (from its format, not its code): int-quantized ``q * weight_scale``
-      (less ``weight_zero_point``); pack-quantized 4 bit: eight codes per int32 along ``in``,
-      lowest bits first, stored as ``q + 8``, ``q * weight_scale`` per group; nvfp4: two e2m1
-      a byte (low nibble first), ``e2m1 * weight_scale / weight_global_scale`` per 16 inputs;
-      ModelOpt NVFP4: the same bytes, ``e2m1 * (weight_scale * weight_scale_2)``
-    - MX (uint8 E8M0 ``weight_scale`` per 32 inputs): float8_e4m3fn codes or e2m1 pairs (even
-      column low nibble) times ``2 ** (byte - 127)``, times ``weight_dual_scale`` per block for
-      W4A4_MXFP4_DUALSCALE; in float64 (exact), rounded to f32 once
-    """
+    """fp32 weight of checkpoint tensor ``name`` from its raw companions in ``tensors``
+    (``described``: its description type or foreign format), or None where this module has no
+    rule (3-D fused-expert tensors, unknown layouts)."""
     q = tensors[name]
     if q.dim() != 2:
         return None
@@ -199,27 +178,6 @@ def _mx(q: torch.Tensor, exponents: torch.Tensor, dual: torch.Tensor | None) -> 
             return None
         w = w * dual.repeat_interleave(size, dim=1)[:, :cols]
     return w.float()
-
-
-#: e2m1 by its 4-bit code (sign bit high), as compressed-tensors and ModelOpt pack it
-_E2M1_SIGNED = (
-    0.0,
-    0.5,
-    1.0,
-    1.5,
-    2.0,
-    3.0,
-    4.0,
-    6.0,
-    -0.0,
-    -0.5,
-    -1.0,
-    -1.5,
-    -2.0,
-    -3.0,
-    -4.0,
-    -6.0,
-)
 
 
 def _compressed_tensors_packed(

@@ -43,8 +43,7 @@ def _check(row: ParamRow) -> str:
 
 
 def render_verify(report: VerifyReport) -> str:
-    """The header, the table of draft parameters, then what stopped, problems and the verdict
-    (a run that built no draft it could check: the problems and the verdict only)."""
+    """The header, the table of draft parameters, what stopped, problems and the verdict."""
     lines = [f"sglang-mtp-dequant verify: {report.requested}"]
     if report.rows or not (report.class_name == "?" or report.unsupported or report.inactive):
         lines += _setting_lines(report) + [""] + _table_lines(report) + [""]
