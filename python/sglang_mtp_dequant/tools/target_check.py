@@ -46,7 +46,9 @@ class TargetCheck:
     #: still unquantized over codes once supplied: decoded as they stream, or refused
     decoded: list[UnservedLayer] = field(default_factory=list)
     refused: list[UnservedLayer] = field(default_factory=list)
-    quant_config: Any = field(default=None, repr=False)
+    #: what the operator can do about ``refused`` (``target_layers.remedy``, read under the
+    #: launch's platform: its mapping is gone after)
+    remedy: str = ""
     #: (model, ModelConfig): sglang's meta build the check read (verify loads its layers)
     built: tuple[Any, Any] | None = field(default=None, repr=False)
 
@@ -94,8 +96,7 @@ class TargetCheck:
         return [
             f"target {self.class_name}: {len(self.refused)} linear layer(s) no ModelSlim method "
             f"takes and the plugin does not decode ({_layers(self.refused)}); the plugin refuses "
-            "the start-up (sglang would load their codes as weights): "
-            + target_layers.remedy(self.refused, self.quant_config)
+            "the start-up (sglang would load their codes as weights): " + self.remedy
         ]
 
 
@@ -156,7 +157,9 @@ def check_target(folder: str, launch: Launch) -> TargetCheck:
             unserved = target_layers.unserved_layers(model, config, prefixes)
             report.refused = target_layers.refused_layers(unserved, config)
             report.decoded = [u for u in unserved if u not in report.refused]
-            report.quant_config, report.built = config, (model, model_config)
+            report.built = (model, model_config)
+            if report.refused:
+                report.remedy = target_layers.remedy(report.refused, config)
     return report
 
 
