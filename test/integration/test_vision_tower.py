@@ -23,7 +23,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from support.paths import E2E, REFERENCE
-from support.sglang_load import load_model_in_subprocess, plugin_lines, warnings_of
+from support.sglang_load import (
+    TOWER_QUANTIZED,
+    load_model_in_subprocess,
+    plugin_lines,
+    warnings_of,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -36,23 +41,6 @@ VISION = {
     "visual.blocks.0.mlp.linear_fc1": "model.visual.blocks.0.mlp.linear_fc1",
 }
 NOT_FOUND = "not found in params_dict"
-
-#: Stands for a later sglang, NOT the code under test: the tower built with the model's quant
-#: config, as sglang PR #36426 builds it (0.5.23's ``Qwen3VLForConditionalGeneration`` passes
-#: ``quant_config=None``); sglang's own ModelSlimConfig then gives the tower its schemes.
-TOWER_QUANTIZED = """
-from sglang.srt.models import qwen3_vl
-_built = qwen3_vl.Qwen3VLMoeVisionModel.__init__
-_config = []
-_init = qwen3_vl.Qwen3VLForConditionalGeneration.__init__
-def _model_init(self, config, quant_config=None, *a, **k):
-    _config.append(quant_config)
-    _init(self, config, quant_config, *a, **k)
-def _tower_init(self, vision_config, norm_eps=1e-6, quant_config=None, *a, **k):
-    _built(self, vision_config, norm_eps, quant_config or _config[-1], *a, **k)
-qwen3_vl.Qwen3VLForConditionalGeneration.__init__ = _model_init
-qwen3_vl.Qwen3VLMoeVisionModel.__init__ = _tower_init
-"""
 
 
 def decoded(folder: str, prefix: str) -> torch.Tensor:
@@ -130,7 +118,8 @@ def test_the_plugin_loads_the_decoded_tower_bit_for_bit(folder, hybrid, tmp_path
 
 
 def test_where_sglang_builds_the_tower_quantized_the_plugin_steps_aside(tmp_path):
-    """``TOWER_QUANTIZED`` (a stand-in for sglang PR #36426, not the code under test): sglang's
+    """``support.sglang_load.TOWER_QUANTIZED`` (a stand-in for sglang PR #36426, not the code
+    under test): sglang's
     ModelSlim gives the tower's layers its W8A8 scheme; the plugin finds no layer to decode,
     installs nothing and says nothing about the target, and the model is stock's."""
     (stock, stock_state), (with_plugin, state) = (

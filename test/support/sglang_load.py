@@ -31,6 +31,23 @@ from support.paths import ROOT
 
 SITE = os.path.join(ROOT, "e2e", "site")
 
+#: Stands for a later sglang, NOT sglang 0.5.23 (the code under test never runs it): the vision
+#: tower built with the model's quant config, as sglang PR #36426 builds it (0.5.23's
+#: ``Qwen3VLForConditionalGeneration`` passes ``quant_config=None``); sglang's own ModelSlimConfig
+#: then gives the tower its schemes. Run as ``before`` (or ``exec(TOWER_QUANTIZED, {})``).
+TOWER_QUANTIZED = """
+from sglang.srt.models import qwen3_vl
+_built, _config = qwen3_vl.Qwen3VLMoeVisionModel.__init__, []
+_init = qwen3_vl.Qwen3VLForConditionalGeneration.__init__
+def _model_init(self, config, quant_config=None, *a, **k):
+    _config.append(quant_config)
+    _init(self, config, quant_config, *a, **k)
+def _tower_init(self, vision_config, norm_eps=1e-6, quant_config=None, *a, **k):
+    _built(self, vision_config, norm_eps, quant_config or _config[-1], *a, **k)
+qwen3_vl.Qwen3VLForConditionalGeneration.__init__ = _model_init
+qwen3_vl.Qwen3VLMoeVisionModel.__init__ = _tower_init
+"""
+
 LOAD = """
     import json, logging, sys, torch
     from sglang_mtp_dequant.tools import cpu_sglang

@@ -62,6 +62,9 @@ def target_rows(report: VerifyReport, check: TargetCheck, source: WeightSource) 
     decode_as_streamed(model, check.decoded, model_config, None)
     try:
         plugin = load(stream)
+    except Exception as exc:  # noqa: BLE001 - a load that stops is a finding, reported
+        report.problems.append(f"the plugin's load of the target layers stopped: {exc}")
+        return
     finally:
         del model.load_weights  # the instance's decoding wrapper: sglang's own method again
     for layer in check.decoded:
