@@ -11,7 +11,7 @@ Qwen3.5-397B-A17B's tower is the same with ``out_hidden_size`` its text width, 4
 text model of the release's width, and the description msmodelslim's recipes write for the tower
 (``*visual.blocks*`` W8A8_DYNAMIC, ``*linear_fc2*`` excluded: ``attn.qkv``, ``attn.proj``,
 ``mlp.linear_fc1`` of each block). sglang 0.5.23 builds the target from it on the meta device
-for NPU, as the doctor does (``tools/target_check.check_target``, world size 1: one rank holding
+for NPU, as the doctor does (``tools/target_check.py``, world size 1: one rank holding
 the whole tower), and the parameter bytes are counted:
 
 - ``bf16``: the recipe's layers as sglang builds them (``quant_config=None``): what stock holds

@@ -3,7 +3,7 @@
 ``ModelSlimConfig.get_linear_scheme`` has no linear method for: it warns and builds the layer
 unquantized, so the layer's codes go into a float weight (W8A16, WFP8AFP8_DYNAMIC) or stop its
 loader with a shape assertion (W4A8_DYNAMIC's packed int4). The plugin decodes them as it decodes
-a quantized draft's other plain linear parts (``serving/plain_parts.plain_linears``,
+a quantized draft's other plain linear parts (``plain_parts.plain_linears``,
 ``load.LoadSetting``).
 
 sglang's real ``Qwen3_5ForCausalLMMTP`` built and loaded by its own ``DefaultModelLoader``
