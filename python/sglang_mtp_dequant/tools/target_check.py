@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..serving import sglang_private, target_layers
+from ..serving.float_layers import float_moe_quant_method
 from ..serving.target_layers import UnservedLayer
 
 if TYPE_CHECKING:
@@ -189,7 +190,10 @@ def _build_on_meta(
     model_config: Any, load_config: Any, quant_config: Any
 ) -> tuple[Any, dict[int, str]]:
     """sglang's own (unhooked) build of the target on the meta device, and the prefix each
-    layer was built with."""
+    layer was built with. MoE layers whose experts the description marks all FLOAT are built as
+    the plugin has sglang build them (``float_layers``): stock stops there (sglang #34211), and
+    the linear layers, what this check reads, are the same either way."""
+    import functools
     import importlib
 
     import torch
@@ -201,8 +205,13 @@ def _build_on_meta(
     build = sglang_private.unwrapped(getattr(importlib.import_module(module), name))
     with set_default_torch_dtype(model_config.dtype), torch.device("meta"):
         with placeholder_vllm_rotary(), generic_rope_on_cpu():
-            with target_layers.recorded_prefixes() as prefixes:
-                return build(model_config, load_config, quant_config), prefixes
+            asked = functools.partial(float_moe_quant_method, type(quant_config).get_quant_method)
+            quant_config.get_quant_method = functools.partial(asked, quant_config)
+            try:
+                with target_layers.recorded_prefixes() as prefixes:
+                    return build(model_config, load_config, quant_config), prefixes
+            finally:
+                del quant_config.get_quant_method  # this config object, for this build
 
 
 def report_into(
