@@ -127,6 +127,20 @@ e2e-moe: $(E2E_STAMP)
 e2e-moe-short: $(E2E_STAMP)
 	$(VPY) -m e2e --family moe --short $(E2E_ARGS) --json .cache/e2e/moe-short.json
 
+# the bundled Qwen3.5/3.6 VL exports (test/fixtures/e2e/vl_*: msmodelslim's recipes quantize the
+# vision tower, which sglang 0.5.23 builds unquantized) in launch form F1 with EAGLE, plugin on
+# and off, against their float VL folder: text accept length and one image request per
+# test/fixtures/e2e/vl_images/*.png (e2e/vl.py); ends with `e2e-vl passed`
+.PHONY: e2e-vl
+e2e-vl: $(E2E_STAMP)
+	$(VPY) -m e2e.vl --log-dir .cache/e2e/vl --json .cache/e2e/vl.json
+
+# the vision tower's bytes at the released models' shapes, decoded to bf16 or held int8;
+# ends with `vision_memory <model> bf16=B int8=I extra=E tower=T (MiB ...)` per model
+.PHONY: bench-vision-memory
+bench-vision-memory: $(STAMP)
+	$(VPY) benchmarks/vision_memory.py --json .cache/bench/vision_memory.json
+
 # decode cost against a plain cast (R), codes decoded per EP=2 rank (F), extra peak memory (M);
 # ends with `dequant_vs_cast_ratio R ep2_rank_decode_fraction F peak_extra_mb M`
 bench: $(STAMP)

@@ -257,27 +257,61 @@ def test_a_checkpoint_whose_layers_have_their_method_is_untouched(folder):
     assert "INFO:sglang_mtp_dequant" not in stderr and "WARNING:sglang_mtp_dequant" not in stderr
 
 
-def test_a_layer_no_modelslim_method_takes_is_refused_before_any_weight_loads(tmp_path):
-    """``in_proj_qkv`` / ``in_proj_z`` described W8A16 (no linear method in sglang's ModelSlim):
-    the start-up stops at model build time naming the fused layers, their shards and schemes
-    and what to do. The folder has no weight file at all: nothing was read."""
-    folder = tmp_path / "w8a16_gdn"
+def described_as(tmp_path, scheme: str, weights: bool) -> str:
+    """A copy of the Qwen3.6-recipe export whose ``in_proj_qkv`` / ``in_proj_z`` shards the
+    description marks ``scheme`` (with its weight files, or without any)."""
+    folder = tmp_path / f"{scheme.lower()}_gdn"
     folder.mkdir()
-    shutil.copy(os.path.join(Q36, "config.json"), folder)
+    for name in os.listdir(Q36):
+        if name == "config.json" or (weights and name.startswith("quant_model_weights")):
+            shutil.copy(os.path.join(Q36, name), folder)
     with open(os.path.join(Q36, "quant_model_description.json")) as handle:
         description = json.load(handle)
     changed = {
-        k: ("W8A16" if ".in_proj_qkv." in k or ".in_proj_z." in k else v)
+        k: (scheme if ".in_proj_qkv." in k or ".in_proj_z." in k else v)
         for k, v in description.items()
     }
     (folder / "quant_model_description.json").write_text(json.dumps(changed))
-    result, _ = load(str(folder), True)
+    return str(folder)
+
+
+def test_a_layer_no_method_takes_and_the_plugin_cannot_decode_is_refused_early(tmp_path):
+    """``in_proj_qkv`` / ``in_proj_z`` described W8A8SC (msmodelslim's sparse-compressed int8:
+    no linear method in sglang's ModelSlim, no decoder in the plugin): the start-up stops at
+    model build time naming the fused layers, their shards and schemes and what to do. The
+    folder has no weight file at all: nothing was read."""
+    result, _ = load(described_as(tmp_path, "W8A8SC", weights=False), True)
     assert result.get("refused") == "UnservedLayerError", result
     message = result["message"]
     for i in gdn_layers():
         assert GDN.format(i, "in_proj_qkvz") in message
-    assert "model.layers.0.linear_attn.in_proj_qkv (W8A16)" in message
+    assert "model.layers.0.linear_attn.in_proj_qkv (W8A8SC)" in message
     assert "What to do:" in message and "FLOAT" in message
+
+
+def test_a_layer_no_method_takes_is_decoded_as_it_streams(tmp_path):
+    """The same shards described W8A16 (sglang's ModelSlim has no linear method for it either,
+    and builds ``in_proj_qkvz`` unquantized): the plugin decodes both shards as they stream,
+    so the fused float weight is ``(q - offset) * scale`` of each, in shard order (float32
+    here, as the servers run), and the check finds nothing left. Refused before this change."""
+    result, stderr = load(described_as(tmp_path, "W8A16", weights=True), True)
+    assert "refused" not in result, result.get("message")
+    assert result["unserved"] == [GDN.format(i, "in_proj_qkvz") for i in gdn_layers()]
+    tensors = checkpoint()
+    for i in gdn_layers():
+        layer = result["layers"][GDN.format(i, "in_proj_qkvz")]
+        assert layer["method"] == "UnquantizedLinearMethod"
+        shards = [GDN.format(i, p) for p in ("in_proj_qkv", "in_proj_z")]
+        want = np.concatenate(
+            [
+                (tensors[f"{s}.weight"].astype(np.float32)
+                 - tensors[f"{s}.weight_offset"].astype(np.float32))
+                * tensors[f"{s}.weight_scale"].astype(np.float32)
+                for s in shards
+            ]
+        )  # fmt: skip
+        np.testing.assert_array_equal(np.asarray(layer["weight"], dtype=np.float32), want)
+    assert "dequantized 6 tensors (W8A16 x6)" in stderr
 
 
 def test_where_sglang_resolves_the_gdn_names_itself_the_plugin_supplies_nothing():

@@ -442,7 +442,7 @@ EXISTING = [
 def test_every_existing_fixture_keeps_its_verdict_for_any_platform(cli_json, flags):
     """The ModelSlim and e2e fixtures: the doctor's verdict (and its exit code) is the one it
     gave before launch flags and the quantized-draft guard, on every platform asked."""
-    assert len(EXISTING) == 29  # 21 ModelSlim fixtures (2 NextN-FLOAT derived), 8 e2e ones
+    assert len(EXISTING) == 31  # 21 ModelSlim fixtures (2 NextN-FLOAT derived), 10 e2e ones
     got = {}
     for folder, _ in EXISTING:
         code, report = cli_json("doctor", folder, *flags)

@@ -40,25 +40,40 @@ def test_doctor_says_nothing_of_a_target_whose_layers_have_their_method(cli_json
     assert target_notes(report) == []
 
 
-def test_doctor_reports_a_target_layer_no_method_takes_as_refused(cli_json, tmp_path):  # noqa: F811
-    folder = tmp_path / "w8a16_gdn"
+def described_as(tmp_path, scheme: str) -> str:
+    """A copy of the Qwen3.6-recipe export with its GDN shards described ``scheme``."""
+    folder = tmp_path / f"{scheme.lower()}_gdn"
     shutil.copytree(Q36, folder)
     path = folder / "quant_model_description.json"
     described = json.loads(path.read_text())
     path.write_text(
         json.dumps(
             {
-                k: "W8A16" if ".in_proj_qkv." in k or ".in_proj_z." in k else v
+                k: scheme if ".in_proj_qkv." in k or ".in_proj_z." in k else v
                 for k, v in described.items()
             }
         )
     )
-    code, report = cli_json("doctor", str(folder))
+    return str(folder)
+
+
+def test_doctor_reports_a_target_layer_the_plugin_cannot_decode_as_refused(cli_json, tmp_path):  # noqa: F811
+    code, report = cli_json("doctor", described_as(tmp_path, "W8A8SC"))
     assert code == 1 and report["verdict"] == "error"
     (problem,) = [p for p in report["problems"] if p.startswith("target ")]
-    assert "3 linear layer(s) no ModelSlim method takes" in problem
-    assert "model.layers.2.linear_attn.in_proj_z (W8A16)" in problem
+    assert "3 linear layer(s) no ModelSlim method takes and the plugin does not decode" in problem
+    assert "model.layers.2.linear_attn.in_proj_z (W8A8SC)" in problem
     assert "refuses the start-up" in problem and "FLOAT" in problem
+
+
+def test_doctor_reports_a_target_layer_the_plugin_decodes(cli_json, tmp_path):  # noqa: F811
+    """W8A16 shards: no ModelSlim method, but the plugin decodes them as they stream (refused
+    before this change)."""
+    code, report = cli_json("doctor", described_as(tmp_path, "W8A16"))
+    assert code == 0 and report["verdict"] == "ok", report["reason"]
+    (note,) = target_notes(report)
+    assert "model.layers.0.linear_attn.in_proj_qkv (W8A16)" in note
+    assert "the plugin decodes 3 of them as they stream" in note
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
@@ -76,3 +91,69 @@ def test_verify_reports_the_same_target_layers(cli_json):  # noqa: F811
     assert code == 0 and report["verdict"] == "ok", report.get("reason")
     (note,) = target_notes(report)
     assert SUPPLIED in note and "3 of them" in note
+
+
+VL, VL_MOE = os.path.join(E2E, "vl_hybrid"), os.path.join(E2E, "vl_moe")
+TOWER_QKV = "model.visual.blocks.0.attn.qkv_proj: model.visual.blocks.0.attn.qkv (W8A8_DYNAMIC)"
+
+
+@pytest.mark.parametrize("folder", [VL, VL_MOE], ids=["dense-hybrid", "moe"])
+def test_doctor_names_the_vision_tower_stock_loads_as_codes_and_the_plugin_decodes(
+    cli_json,  # noqa: F811
+    folder,
+):
+    """msmodelslim's Qwen3.6 recipe quantizes ``*visual.blocks*``; sglang 0.5.23 builds the
+    tower with ``quant_config=None``: the doctor names its layers by the prefix sglang built
+    them with, says what stock does to images, and the target's cell of a launch form
+    (``TargetCheck.outcome``) says stock runs images on raw codes and the plugin serves them.
+    On main the tower was found nowhere (the check read only layers sglang asked a config
+    about). The MoE export's FLOAT experts stop a stock build (sglang #34211): the check builds
+    them as the plugin does."""
+    from sglang_mtp_dequant.tools.launch import parse_launch
+    from sglang_mtp_dequant.tools.target_check import check_target
+
+    code, report = cli_json("doctor", folder)
+    assert code == 0 and report["verdict"] == "ok", report["reason"]
+    (note,) = target_notes(report)
+    assert TOWER_QKV in note and "model.visual.blocks.0.mlp.linear_fc1" in note
+    assert "every image and video request would run on raw codes" in note
+    assert note.endswith("the plugin decodes 3 of them as they stream")
+    outcome = check_target(folder, parse_launch(folder, ["--device", "npu"])).outcome()
+    assert outcome is not None and outcome.plugin_serves
+    assert outcome.stock.startswith(f"3 target layer(s) load raw codes ({TOWER_QKV})")
+    assert "every image and video request would run on raw codes" in outcome.stock
+    assert outcome.plugin == (
+        "3 target layer(s) served right (3 decoded as they stream): images answered right"
+    )
+
+
+def test_doctor_refuses_a_vision_tower_the_plugin_cannot_decode(cli_json, tmp_path):  # noqa: F811
+    folder = tmp_path / "w8a8sc_tower"
+    shutil.copytree(VL, folder)
+    path = folder / "quant_model_description.json"
+    described = json.loads(path.read_text())
+    described.update(
+        {k: "W8A8SC" for k in described if k.startswith("model.visual.blocks.0.attn.qkv.")}
+    )
+    path.write_text(json.dumps(described))
+    code, report = cli_json("doctor", str(folder))
+    assert code == 1 and report["verdict"] == "error"
+    (problem,) = [p for p in report["problems"] if p.startswith("target ")]
+    assert "model.visual.blocks.0.attn.qkv_proj: model.visual.blocks.0.attn.qkv (W8A8SC)" in problem
+    assert "'*visual.blocks*'" in problem and "#36426" in problem
+
+
+def test_verify_loads_each_vision_linear_stock_and_plugin_against_the_independent_decode(cli_json):  # noqa: F811
+    """verify's rows for the target's tower: sglang's own ``load_weights`` put the raw codes
+    there stock (absmax 127 or 128) and, with the plugin, the independent decode bit for bit."""
+    code, report = cli_json("verify", VL)
+    assert code == 0 and report["verdict"] == "ok", report.get("reason")
+    rows = {r["parameter"]: r for r in report["parameters"] if r["parameter"].startswith("target ")}
+    assert sorted(rows) == [
+        f"target visual.blocks.0.{layer}.weight"
+        for layer in ("attn.proj", "attn.qkv_proj", "mlp.linear_fc1")
+    ]
+    for row in rows.values():
+        assert row["check"] == "exact" and row["quantized"]
+        assert row["stock_absmax"] in (127.0, 128.0) and row["plugin_absmax"] < 2
+    assert "12 draft and 3 target parameters equal the reference bit for bit" in report["reason"]

@@ -86,10 +86,13 @@ class LoadSetting:
     quantized layers consume their codes, but every MTP class builds ``fc`` / ``eh_proj`` as a
     plain ``nn.Linear`` that no quantization method owns; an export that quantized it hands
     sglang codes with nowhere to go (packed ``fc.weight_packed`` skipped, int8 ``fc.weight``
-    copied into the bf16 parameter with its scale dropped). So only the names that feed a
-    plain ``nn.Linear`` are planned (decoded where a library decodes their format,
-    ``formats/library.py``, refused before any write where none does), every other code goes
-    to sglang's own loaders, and the experts are left to them.
+    copied into the bf16 parameter with its scale dropped); and sglang 0.5.23's ModelSlim
+    builds a layer of a scheme it has no linear method for (W8A16, WFP8AFP8_DYNAMIC, linear
+    W4A8_DYNAMIC) unquantized, copying its codes the same way. So only the names that feed a
+    plain linear part (``plain_parts.plain_linears``) are planned (decoded by the plugin's
+    schemes, or where a library decodes their format, ``formats/library.py``; refused before
+    any write where nothing does), every other code goes to sglang's own loaders, and the
+    experts are left to them.
     """
 
     #: the checkpoint names the plan decides for
@@ -384,8 +387,8 @@ class DraftLoad:
             return (
                 f"sglang-mtp-dequant: {self.class_name} draft from {self.folder} is built "
                 f"quantized ({self.quantization}); {stats.dequantized} tensor(s) of its plain "
-                f"nn.Linear parts that no quantization method reads ({', '.join(decoded)}) were "
-                f"decoded ({schemes}) by compressed-tensors to {dtype_name(self.dtype)}, "
+                f"linear parts that no quantization method reads ({', '.join(decoded)}) were "
+                f"decoded ({schemes}) by {self._decoder()} to {dtype_name(self.dtype)}, "
                 f"{stats.companions_consumed} companion tensors consumed; every other tensor "
                 f"went to sglang's own loaders as it was ({self.seconds:.3f} s whole load)"
             )
@@ -397,6 +400,12 @@ class DraftLoad:
             f"ranks, {stats.seconds:.3f} s decoding ({self.seconds:.3f} s whole load)"
             + (f"; {self.narrowing_summary()}" if self.skipped_files else "")
         )
+
+    def _decoder(self) -> str:
+        """Who decoded a quantized draft's plain parts: compressed-tensors for the formats it
+        decodes (``formats/library.py``), the plugin's own schemes for ModelSlim's."""
+        formats = {e.format for e in (self.plan.to_dequantize if self.plan else {}).values()}
+        return "compressed-tensors" if formats - {None} else "the plugin's ModelSlim schemes"
 
     def already_float_summary(self) -> str | None:
         """The INFO line of a load whose quantized tensors arrived float (decoded upstream)."""

@@ -66,8 +66,10 @@ PUBLIC_IMPORTS: tuple[PublicImport, ...] = (
     PublicImport(
         module="sglang.srt.layers.linear",
         names=("LinearBase",),
-        used_in=("serving/target_layers.py",),
-        why="the base of every linear layer whose quantization method sglang chose",
+        used_in=("serving/plain_parts.py", "serving/target_layers.py"),
+        why="the base of every linear layer whose quantization method sglang chose; its "
+        "constructor's prefix, recorded while sglang builds a model (target_layers."
+        "recorded_prefixes), names each layer as its description entries are looked up",
     ),
     PublicImport(
         module="sglang.srt.layers.quantization.unquant",

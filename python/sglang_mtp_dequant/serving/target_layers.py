@@ -1,24 +1,24 @@
-"""Linear layers sglang builds unquantized over quantized ModelSlim codes: supplied, or refused.
+"""Linear layers sglang builds unquantized over ModelSlim codes: supplied, decoded, or refused.
 
 Usage (``plugin.register`` arranges it in every sglang process)::
 
     TARGET_HOOKS             # two AROUND hooks on sglang's model loader, beside the plugin's own
     supplied = supply_packed_names(quant_config)   # {"in_proj_qkvz": ["in_proj_qkv", ...]}
-    unserved = unserved_layers(model, quant_config)  # [UnservedLayer(layer, shards, found_by)]
+    unserved = unserved_layers(model, quant_config)  # [UnservedLayer(layer, shards, ...)]
 
-Why: ``ModelSlimConfig.get_quant_method`` finds a fused layer's scheme through the nested
-packed-module mapping sglang 0.5.23 writes on NPU, which lacks fused layers of some classes
-(Qwen3.5/3.6's Gated DeltaNet ``in_proj_qkvz``, ``in_proj_ba``). msmodelslim's Qwen3.6 recipe
-quantizes their shards; the fused layer then gets the unquantized method and its int8 codes
-load as weights: the target serves garbage, silently. For the target, and a draft built
-quantized: after ``_get_quantization_config`` a packed name of the model class the nested
-mapping lacks, whose shards the description quantizes, is added unless sglang's own config
-already resolves it (``resolved_by_sglang``: a later sglang falls back to the class's packed
-entries) (one INFO line; nothing is touched otherwise); after ``_initialize_model``, before
-any weight is read, every linear layer still unquantized over quantized shards stops the
-start-up with ``UnservedLayerError`` naming layers, shards, schemes and what to do
-(docs/layouts.md, "Target layers"). A model built without a quant config (a draft built
-unquantized) is ``plugin.py``'s: sglang reads no description for it.
+Why: a layer sglang builds with the unquantized method loads its shards' codes as weights:
+fused layers the NPU nested packed-module mapping lacks (Qwen3.5/3.6's Gated DeltaNet
+``in_proj_qkvz``), schemes ``ModelSlimConfig`` has no linear method for (W8A16, WFP8AFP8), and
+the Qwen3.5/3.6 vision tower sglang 0.5.23 builds with ``quant_config=None``. For a model built
+with a ModelSlim config (the target, a draft built quantized): after
+``_get_quantization_config`` a packed name of the class the nested mapping lacks, whose shards
+the description quantizes, is added unless sglang's own config resolves it
+(``resolved_by_sglang``) (one INFO line); after ``_initialize_model``, before any weight is
+read, every linear layer still unquantized over quantized shards, found by the prefix sglang
+built it with, is decoded as it streams (``target_stream``; a hooked draft's own load decodes
+its own) or, a scheme the plugin does not decode, stops the start-up with
+``UnservedLayerError`` naming layers, shards, schemes and what to do (docs/layouts.md, "Target
+layers"). A model built without a quant config (a draft built unquantized) is ``plugin.py``'s.
 """
 
 from __future__ import annotations
@@ -37,8 +37,11 @@ from ..formats.description import (
     quantized_leaves,
     shard_schemes,
 )
+from ..formats.schemes import known_types, scheme_for
 from . import context, sglang_private
+from .drafts import spec_for_class
 from .parameter_names import DEFAULT_PACKED
+from .target_stream import decode_as_streamed
 
 logger = logging.getLogger("sglang_mtp_dequant")
 
@@ -164,70 +167,96 @@ class UnservedLayer:
     #: ("nested"), only the class's flat one ("class"), sglang's stacked names where no mapping
     #: names the layer ("stacked"), or none (the layer is its own shard)
     found_by: str
+    module: str = ""  # its path in the model (``visual.blocks.0.attn.qkv_proj``)
 
     @property
     def quantized(self) -> tuple[ShardScheme, ...]:
         return tuple(s for s in self.shards if s.quantized)
 
+    @property
+    def decodable(self) -> bool:
+        """Every quantized shard is of a scheme the plugin decodes (``formats/schemes``)."""
+        return all(scheme_for(s.scheme or "") is not None for s in self.quantized)
+
+    @property
+    def vision(self) -> bool:
+        return "visual" in self.layer
+
     def line(self) -> str:
         return f"{self.layer}: {', '.join(str(s) for s in self.shards)}"
 
 
-def shards_of(prefix: str, mapping: Mapping[str, Any]) -> tuple[list[str], str]:
-    """The checkpoint prefixes of layer ``prefix`` as sglang names them (its ``str.replace`` of
-    the last name), and which mapping named them."""
+#: the checkpoint names sglang's vision-tower loaders read a fused layer from (Qwen3-VL /
+#: Qwen3.5 ``load_weights`` rename ``attn.qkv`` to ``attn.qkv_proj``; the nested mapping
+#: ``_get_quantization_config`` writes for ``visual`` on NPU says the same)
+VISION_PACKED = {"qkv_proj": ["qkv"]}
+
+
+def shards_of(
+    prefix: str, mapping: Mapping[str, Any], described: Callable[[str], bool]
+) -> tuple[list[str], str]:
+    """The checkpoint prefixes of layer ``prefix`` (sglang's ``str.replace`` of its last name)
+    and which table named them: the nested mapping ``ModelSlimConfig`` reads ("nested"), the
+    class's flat one ("class"), the parts sglang's loaders stack where no mapping names them
+    ("stacked", ``parameter_names.DEFAULT_PACKED``: sglang's MTP classes before 0.5.21 declare
+    none), sglang's vision-tower names ("vision"), or the layer itself ("none"); the first
+    whose names the description lists (``described``), else the first."""
     proj = prefix.rpartition(".")[2]
     nested = mapping.get(nested_key(prefix))
-    if isinstance(nested, dict) and proj in nested:
-        return [prefix.replace(proj, shard) for shard in nested[proj]], "nested"
-    flat = mapping.get(proj)
-    if isinstance(flat, list):
-        return [prefix.replace(proj, shard) for shard in flat], "class"
-    return [prefix], "none"
-
-
-def stacked_parts(prefix: str) -> tuple[list[str], str]:
-    """The checkpoint parts sglang's loaders stack into layer ``prefix`` where no mapping names
-    them (``parameter_names.DEFAULT_PACKED``): a model class that declares no
-    ``packed_modules_mapping`` (sglang's MTP classes before 0.5.21) still stacks ``q_proj`` /
-    ``k_proj`` / ``v_proj`` into ``qkv_proj``, and its layer reads the codes of those parts."""
-    proj = prefix.rpartition(".")[2]
-    parts = DEFAULT_PACKED.get(proj)
-    if parts is None:
-        return [prefix], "none"
-    return [prefix.replace(proj, part) for part in parts], "stacked"
+    tables = (
+        ("nested", nested if isinstance(nested, dict) else {}),
+        ("class", flat_entries(mapping)),
+        ("stacked", DEFAULT_PACKED),
+        ("vision", VISION_PACKED if "visual" in prefix else {}),
+    )
+    candidates = [
+        ([prefix.replace(proj, s) for s in t[proj]], how) for how, t in tables if proj in t
+    ]
+    candidates.append(([prefix], "none"))
+    return next((c for c in candidates if any(map(described, c[0]))), candidates[0])
 
 
 @contextlib.contextmanager
-def recorded_prefixes(quant_config: Any) -> Iterator[dict[int, str]]:
-    """While sglang builds a model with ``quant_config``: ``id(layer) -> prefix`` of every layer
-    it asks ``get_quant_method`` about. The prefix a layer was built with is the name its
-    description entries are looked up under, and it need not be the module's path (an MTP
-    draft's layers are built as ``mtp.layers.0...`` under a module ``model.layers.0...``)."""
+def recorded_prefixes(active: bool = True) -> Iterator[dict[int, str]]:
+    """While sglang builds a model: ``id(layer) -> prefix`` of every linear layer it builds,
+    quantization config or not (``LinearBase.__init__``'s ``prefix``, for this build only;
+    nothing is touched unless ``active``: a model no ModelSlim description concerns).
+    The prefix a layer was built with is the name its description entries are looked up
+    under; it need not be the module's path (an MTP draft's ``mtp.layers.0...`` under a module
+    ``model.layers.0...``, the vision tower's ``model.visual...`` under ``visual...``), and
+    sglang 0.5.23 builds the Qwen3.5/3.6 vision tower with ``quant_config=None``, so no config
+    is asked about it."""
+    import inspect
+
+    from sglang.srt.layers.linear import LinearBase
+
     prefixes: dict[int, str] = {}
-    if not is_modelslim(quant_config):
+    if not active:
         yield prefixes
         return
-    asked = quant_config.get_quant_method
+    built = LinearBase.__init__
+    signature = inspect.signature(built)
 
-    def get_quant_method(layer: Any, prefix: str = "", *args: Any, **kwargs: Any) -> Any:
-        prefixes[id(layer)] = prefix
-        return asked(layer, prefix, *args, **kwargs)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        bound = signature.bind_partial(self, *args, **kwargs).arguments
+        prefixes[id(self)] = str(bound.get("prefix", ""))
+        built(self, *args, **kwargs)
 
-    quant_config.get_quant_method = get_quant_method  # this config object, for this build
+    LinearBase.__init__ = __init__
     try:
         yield prefixes
     finally:
-        del quant_config.get_quant_method
+        LinearBase.__init__ = built
 
 
 def unserved_layers(
     model: Any, quant_config: Any, prefixes: Mapping[int, str] | None = None
 ) -> list[UnservedLayer]:
     """Every linear layer of ``model`` with the unquantized method while the description marks
-    a shard of it quantized. Reads the module tree and the parsed description only; a layer's
-    name is the prefix sglang built it with (``recorded_prefixes``), else its ``prefix``
-    attribute, else its module path."""
+    a shard of it quantized, whether sglang asked the config about it or built it with none
+    (the Qwen3.5/3.6 vision tower). Reads the module tree and the parsed description only; a
+    layer's name is the prefix sglang built it with (``recorded_prefixes``), else its
+    ``prefix`` attribute, else its module path."""
     if not is_modelslim(quant_config):
         return []
     from sglang.srt.layers.linear import LinearBase
@@ -235,6 +264,10 @@ def unserved_layers(
 
     description = quant_config.quant_description
     mapping = quant_config.packed_modules_mapping or {}
+
+    def resolved(name: str) -> str:
+        return str(sglang_private.resolve_quant_prefix(quant_config, name))
+
     found = []
     for name, module in model.named_modules():
         if not isinstance(module, LinearBase):
@@ -242,32 +275,51 @@ def unserved_layers(
         if not isinstance(module.quant_method, UnquantizedLinearMethod):
             continue
         prefix = (prefixes or {}).get(id(module)) or getattr(module, "prefix", None) or name
-        names, found_by = shards_of(prefix, mapping)
-        resolved = [sglang_private.resolve_quant_prefix(quant_config, n) for n in names]
-        if found_by == "none" and f"{resolved[0]}.weight" not in description:
-            names, found_by = stacked_parts(prefix)
-            resolved = [sglang_private.resolve_quant_prefix(quant_config, n) for n in names]
-        shards = shard_schemes(description, resolved)
+        names, found_by = shards_of(
+            prefix, mapping, lambda n: f"{resolved(n)}.weight" in description
+        )
+        shards = shard_schemes(description, [resolved(n) for n in names])
         if any(s.quantized for s in shards):
-            found.append(UnservedLayer(prefix, tuple(shards), found_by))
+            found.append(UnservedLayer(prefix, tuple(shards), found_by, name))
     return found
+
+
+def on_npu(quant_config: Any) -> bool:
+    """Whether sglang gave the config its NPU nested packed-module mapping: only there does it
+    run ModelSlim's quantized linear methods (``model_loader/loader.py``)."""
+    return isinstance((quant_config.packed_modules_mapping or {}).get(LANGUAGE_KEY), dict)
+
+
+def refused_layers(layers: Sequence[UnservedLayer], quant_config: Any) -> list[UnservedLayer]:
+    """The layers of ``layers`` the plugin cannot serve: off NPU all of them (the layers that
+    found their ModelSlim method cannot run there either), else those with a quantized shard
+    of a scheme the plugin does not decode; the others it decodes as they stream."""
+    return list(layers) if not on_npu(quant_config) else [u for u in layers if not u.decodable]
 
 
 def remedy(layers: Sequence[UnservedLayer], quant_config: Any) -> str:
     """What the operator can do about ``layers`` (the platform and the schemes decide)."""
-    mapping = quant_config.packed_modules_mapping or {}
-    if not isinstance(mapping.get(LANGUAGE_KEY), dict):
+    if not on_npu(quant_config):
         return (
             "sglang gives ModelSlim its packed-module mapping, and runs ModelSlim's quantized "
             "linear methods, only on Ascend NPU (model_loader/loader.py): serve this checkpoint "
             "on an NPU"
         )
-    schemes = sorted({s.scheme or "?" for layer in layers for s in layer.quantized})
+    schemes = ", ".join(sorted({s.scheme or "?" for layer in layers for s in layer.quantized}))
+    decoded = f"the plugin decodes {', '.join(known_types())}, not {schemes}"
+    if all(layer.vision for layer in layers):
+        return (
+            f"sglang {context.sglang_version()} builds the vision tower unquantized "
+            f"(quant_config=None) and {decoded}: re-export with msmodelslim with "
+            "'*visual.blocks*' removed from the recipe's include list (the vision tower FLOAT), "
+            "or serve with an sglang that builds the tower with its quant config (sglang PR "
+            "#36426)"
+        )
     return (
         f"sglang {context.sglang_version()}'s ModelSlim builds no quantized linear method for "
-        f"these layers ({', '.join(schemes)}); re-export the checkpoint with msmodelslim keeping "
-        "these projections FLOAT (exclude them in the recipe) or quantized with a scheme "
-        "sglang's ModelSlim serves for linear layers (W8A8_DYNAMIC, W8A8)"
+        f"these layers and {decoded}; re-export the checkpoint with msmodelslim keeping these "
+        "projections FLOAT (exclude them in the recipe) or quantized with a scheme sglang's "
+        "ModelSlim serves for linear layers (W8A8_DYNAMIC, W8A8)"
     )
 
 
@@ -318,15 +370,23 @@ def supplied_quantization_config(
 def checked_model(
     original: Callable[..., Any], model_config: Any, load_config: Any, *args: Any, **kwargs: Any
 ) -> Any:
-    """AROUND ``_initialize_model``: the built model, or ``UnservedLayerError`` (no weight is
-    read before it)."""
+    """AROUND ``_initialize_model``: the built model, its layers built unquantized over codes
+    decoded as they stream (``target_stream``; a hooked draft's own load decodes its own,
+    ``load.LoadSetting``), or ``UnservedLayerError`` for those the plugin cannot serve (no
+    weight is read before it). A model with no such layer is returned untouched."""
     quant_config = kwargs.get("quant_config", args[0] if args else None)
-    with recorded_prefixes(quant_config) as prefixes:
+    with recorded_prefixes(is_modelslim(quant_config)) as prefixes:
         model = original(model_config, load_config, *args, **kwargs)
     unserved = unserved_layers(model, quant_config, prefixes)
-    if unserved:
-        role = "draft" if getattr(model_config, "is_draft_model", False) else "target"
-        raise refusal(unserved, quant_config, f"{role} {_architecture(model_config)}")
+    if not unserved:
+        return model
+    role = "draft" if getattr(model_config, "is_draft_model", False) else "target"
+    refused = refused_layers(unserved, quant_config)
+    if refused:
+        raise refusal(refused, quant_config, f"{role} {_architecture(model_config)}")
+    spec = spec_for_class(type(model))
+    if spec is None or spec.target not in context.registered_targets():
+        decode_as_streamed(model, unserved, model_config, load_config)
     return model
 
 

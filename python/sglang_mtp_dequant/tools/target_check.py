@@ -24,12 +24,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..serving import sglang_private, target_layers
+from ..serving.float_layers import float_moe_quant_method
 from ..serving.target_layers import UnservedLayer
 
 if TYPE_CHECKING:
     from .launch import Launch
 
 logger = logging.getLogger("sglang_mtp_dequant")
+#: how many layers a note names before counting the rest (a doctor line stays readable)
+SHOWN = 3
 
 
 @dataclass
@@ -41,7 +44,14 @@ class TargetCheck:
     not_checked: str = ""
     stock: list[UnservedLayer] = field(default_factory=list)
     supplied: dict[str, list[str]] = field(default_factory=dict)
+    #: still unquantized over codes once supplied: decoded as they stream, or refused
+    decoded: list[UnservedLayer] = field(default_factory=list)
     refused: list[UnservedLayer] = field(default_factory=list)
+    #: what the operator can do about ``refused`` (``target_layers.remedy``, read under the
+    #: launch's platform: its mapping is gone after)
+    remedy: str = ""
+    #: (model, ModelConfig): sglang's meta build the check read (verify loads its layers)
+    built: tuple[Any, Any] | None = field(default=None, repr=False)
 
     def notes(self) -> list[str]:
         if self.not_checked:
@@ -49,17 +59,16 @@ class TargetCheck:
         if not self.stock:
             return []
         names = ", ".join(f"{n} = {' + '.join(s)}" for n, s in self.supplied.items())
-        fixed = len(self.stock) - len(self.refused)
+        fixed = len(self.stock) - len(self.decoded) - len(self.refused)
+        said = [f"the plugin supplies {names} to sglang's NPU packed-module mapping, so {fixed} "
+                "of them get their ModelSlim scheme"] if self.supplied else []  # fmt: skip
+        if self.decoded:
+            said.append(f"the plugin decodes {len(self.decoded)} of them as they stream")
         return [
             f"target {self.class_name}: stock sglang builds {len(self.stock)} linear layer(s) "
             f"with the unquantized method over quantized codes ({_layers(self.stock)}): their "
-            "int8 codes would load as weights; "
-            + (
-                f"the plugin supplies {names} to sglang's NPU packed-module mapping, so "
-                f"{fixed} of them get their ModelSlim scheme"
-                if self.supplied
-                else "the plugin has no mapping to supply for them"
-            )
+            f"codes would load as weights{_vision(self.stock)}; "
+            + ("; ".join(said) or "the plugin has no mapping to supply for them")
         ]
 
     def outcome(self) -> TargetOutcome | None:
@@ -67,12 +76,17 @@ class TargetCheck:
         stock sglang builds every target layer right (or the target was not checked)."""
         if self.not_checked or not self.stock:
             return None
+        served = len(self.stock) - len(self.refused)
         return TargetOutcome(
-            stock=f"{len(self.stock)} target layer(s) load raw codes ({_layers(self.stock[:1])})",
+            stock=f"{len(self.stock)} target layer(s) load raw codes ({_layers(self.stock[:1])})"
+            + _vision(self.stock),
             plugin=(
-                f"refused at start-up: {len(self.refused)} target layer(s) no method takes"
+                f"refused at start-up: {len(self.refused)} target layer(s) no method takes and "
+                f"the plugin does not decode ({_layers(self.refused[:1])})"
                 if self.refused
-                else f"{len(self.stock)} target layer(s) served right"
+                else f"{served} target layer(s) served right"
+                + (f" ({len(self.decoded)} decoded as they stream)" if self.decoded else "")
+                + (": images answered right" if any(u.vision for u in self.decoded) else "")
             ),
             plugin_serves=not self.refused,
         )
@@ -82,9 +96,8 @@ class TargetCheck:
             return []
         return [
             f"target {self.class_name}: {len(self.refused)} linear layer(s) no ModelSlim method "
-            f"takes ({_layers(self.refused)}); the plugin refuses the start-up (sglang would load "
-            "their int8 codes as weights): re-export them FLOAT, or quantized with a scheme "
-            "sglang's ModelSlim serves for linear layers (W8A8_DYNAMIC, W8A8)"
+            f"takes and the plugin does not decode ({_layers(self.refused)}); the plugin refuses "
+            "the start-up (sglang would load their codes as weights): " + self.remedy
         ]
 
 
@@ -97,8 +110,19 @@ class TargetOutcome:
     plugin_serves: bool
 
 
+def _vision(found: list[UnservedLayer]) -> str:
+    """What stock's raw codes in the vision tower mean for the launch."""
+    count = sum(u.vision for u in found)
+    return (
+        f"; {count} of them the vision tower's (built with quant_config=None): every image and "
+        "video request would run on raw codes"
+        if count
+        else ""
+    )
+
+
 def _layers(found: list[UnservedLayer]) -> str:
-    shown = [u.line() for u in found[: target_layers.SHOWN]]
+    shown = [u.line() for u in found[:SHOWN]]
     more = len(found) - len(shown)
     return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
 
@@ -131,7 +155,12 @@ def check_target(folder: str, launch: Launch) -> TargetCheck:
             report.supplied = target_layers.supply_packed_names(config)
             if report.supplied:
                 model, prefixes = _build_on_meta(model_config, load_config, config)
-            report.refused = target_layers.unserved_layers(model, config, prefixes)
+            unserved = target_layers.unserved_layers(model, config, prefixes)
+            report.refused = target_layers.refused_layers(unserved, config)
+            report.decoded = [u for u in unserved if u not in report.refused]
+            report.built = (model, model_config)
+            if report.refused:
+                report.remedy = target_layers.remedy(report.refused, config)
     return report
 
 
@@ -161,7 +190,10 @@ def _build_on_meta(
     model_config: Any, load_config: Any, quant_config: Any
 ) -> tuple[Any, dict[int, str]]:
     """sglang's own (unhooked) build of the target on the meta device, and the prefix each
-    layer was built with."""
+    layer was built with. MoE layers whose experts the description marks all FLOAT are built as
+    the plugin has sglang build them (``float_layers``): stock stops there (sglang #34211), and
+    the linear layers, what this check reads, are the same either way."""
+    import functools
     import importlib
 
     import torch
@@ -173,8 +205,13 @@ def _build_on_meta(
     build = sglang_private.unwrapped(getattr(importlib.import_module(module), name))
     with set_default_torch_dtype(model_config.dtype), torch.device("meta"):
         with placeholder_vllm_rotary(), generic_rope_on_cpu():
-            with target_layers.recorded_prefixes(quant_config) as prefixes:
-                return build(model_config, load_config, quant_config), prefixes
+            asked = functools.partial(float_moe_quant_method, type(quant_config).get_quant_method)
+            quant_config.get_quant_method = functools.partial(asked, quant_config)
+            try:
+                with target_layers.recorded_prefixes() as prefixes:
+                    return build(model_config, load_config, quant_config), prefixes
+            finally:
+                del quant_config.get_quant_method  # this config object, for this build
 
 
 def report_into(

@@ -91,11 +91,13 @@ class VerifyReport:
                 if close
                 else ""
             )
+            target = sum(r.parameter.startswith("target ") for r in self.rows)
+            what = f"draft and {target} target parameters" if target else "draft parameters"
             return (
-                f"{self.checked - close} draft parameters equal the reference bit for bit "
+                f"{self.checked - close - target} {what} equal the reference bit for bit "
                 f"({len(quantized)} decoded from codes{within})"
                 if close
-                else f"{self.checked} draft parameters equal the reference bit for bit "
+                else f"{self.checked - target} {what} equal the reference bit for bit "
                 f"({len(quantized)} of them decoded from codes)"
             )
         if verdict == ERROR:

@@ -35,6 +35,7 @@ from ..resolve import resolve_checkpoint
 from ..target_check import report_into
 from .independent import independent_dequantize
 from .report import ParamRow, VerifyReport
+from .target import target_rows
 
 if TYPE_CHECKING:
     from ..launch import Launch
@@ -89,6 +90,9 @@ def run_verify(
     planned = _plan(report, session, model, spec)
     if planned is not None:
         _compare_loads(report, session, model, spec, *planned, say)
+    if session.target is not None:
+        say("target layers built unquantized over codes: stock, reference and plugin loads")
+        target_rows(report, session.target, session.source)
     return report
 
 
@@ -100,6 +104,8 @@ class _Session:
     source: WeightSource
     launch: Launch
     model_config: Any
+    #: the target check of the launch (``report_into``), whose decoded layers verify loads too
+    target: Any = None
 
 
 def _inputs_usable(
@@ -167,7 +173,9 @@ def _hooked_spec(report: VerifyReport, session: _Session) -> DraftSpec | None:
         why = found.why if not found.active else "sglang loaded it, but its hook is not applied"
         report.inactive = f"sglang's load_plugins() did not hook {spec.target}: {why}"
         return None
-    report_into(report.notes, report.problems, session.source.folder, session.launch)  # target
+    session.target = report_into(
+        report.notes, report.problems, session.source.folder, session.launch
+    )
     shared = [n for n, _ in shapes.named_parameters() if _from_target(n, spec)]
     report.estimated_bytes = _bytes(p for _, p in shapes.named_parameters())
     report.shared_bytes = _bytes(p for n, p in shapes.named_parameters() if n in shared)

@@ -1,0 +1,106 @@
+"""``verify``'s rows for the target layers sglang builds unquantized over codes (vision tower).
+
+Usage::
+
+    target_rows(report, check, source)   # check: target_check's TargetCheck of the launch
+
+Per layer the plugin decodes as it streams (``serving/target_stream.py``), what sglang's own
+``load_weights`` put in its weight stock and with the plugin, against the independent decode
+(``independent.py``, rounded once to the layer's dtype, placed by the same stock load). Only
+those layers' parameters leave the meta device of the target check's build, and only their
+checkpoint tensors stream: the rest of a target is never allocated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ...formats import naming
+from ...formats.checkpoint import Checkpoint, WeightSource, is_code_dtype
+from ...serving.target_stream import decode_as_streamed
+from .independent import independent_dequantize
+from .report import ParamRow, VerifyReport
+
+if TYPE_CHECKING:
+    from ..target_check import TargetCheck
+
+
+def target_rows(report: VerifyReport, check: TargetCheck, source: WeightSource) -> None:
+    """One row per decoded target layer's weight added to ``report``."""
+    if not check.decoded or check.built is None:
+        return
+    model, model_config = check.built
+    for layer in check.decoded:
+        module = model.get_submodule(layer.module)
+        for name, param in list(module.named_parameters(recurse=False)):
+            real = torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype), False)
+            real.__dict__.update(param.__dict__)  # sglang's weight_loader and its attributes
+            setattr(module, name, real)
+    shards = {s.name for layer in check.decoded for s in layer.shards}
+    ckpt = Checkpoint.open(source, wanted=lambda n: n.rpartition(".")[0] in shards)
+    tensors = ckpt.read_many(ckpt.tensors.values())
+    stream = sorted(tensors.items())
+
+    def load(weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        for layer in check.decoded:
+            model.get_submodule(layer.module).weight.data.fill_(float("nan"))
+        model.load_weights(weights)
+        return {
+            u.module: model.get_submodule(u.module).weight.detach().clone() for u in check.decoded
+        }
+
+    stock = load(stream)
+    dtype = next(iter(stock.values())).dtype
+    schemes = {f"{s.name}.weight": s.scheme for layer in check.decoded for s in layer.shards}
+    unverifiable: set[str] = set()
+    reference = load(
+        _independent(stream, tensors, schemes, ckpt.format_version, dtype, unverifiable)
+    )
+    decode_as_streamed(model, check.decoded, model_config, None)
+    try:
+        plugin = load(stream)
+    except Exception as exc:  # noqa: BLE001 - a load that stops is a finding, reported
+        report.problems.append(f"the plugin's load of the target layers stopped: {exc}")
+        return
+    finally:
+        del model.load_weights  # the instance's decoding wrapper: sglang's own method again
+    for layer in check.decoded:
+        got, want = plugin[layer.module], reference[layer.module]
+        row = ParamRow(
+            f"target {layer.module}.weight",
+            [f"{s.name}.weight" for s in layer.shards],
+            quantized=True,
+            stock_absmax=float(stock[layer.module].float().abs().max()),
+            plugin_absmax=float(got.float().abs().max()),
+        )
+        blocked = sorted(set(row.sources) & unverifiable)
+        if blocked:
+            row.why = f"no independent rule for {blocked[0]}"
+        else:
+            row.max_error = float((got.float() - want.float()).abs().nan_to_num(float("inf")).max())
+            row.check = "exact" if torch.equal(got, want) else "mismatch"
+        report.rows.append(row)
+
+
+def _independent(
+    stream: list[tuple[str, torch.Tensor]],
+    tensors: dict[str, torch.Tensor],
+    schemes: dict[str, str | None],
+    version: str | None,
+    dtype: torch.dtype,
+    unverifiable: set[str],
+) -> Iterable[tuple[str, Any]]:
+    """``stream`` with each code weight replaced by its independent decode, companions out."""
+    for name, tensor in stream:
+        if naming.is_companion(name, tensors):
+            continue
+        if name in schemes and is_code_dtype(tensor.dtype):
+            decoded = independent_dequantize(tensors, name, schemes[name], version)
+            if decoded is None:
+                unverifiable.add(name)
+            else:
+                tensor = decoded.to(dtype)
+        yield name, tensor
