@@ -98,13 +98,14 @@ def test_every_draft_class_holds_no_vocab_copy_until_sglang_binds_the_targets(
     (what the KV pool is sized with), counted exactly as tools/draft_memory.vocab_copy_bytes
     counts them, and said in one INFO line; every other parameter as with the switch off. After
     sglang's own sharing both drafts hold the target's tensors and are the same."""
-    from sglang_mtp_dequant.serving.draft_vocab import held_back
     from sglang_mtp_dequant.tools.draft_memory import vocab_copy_bytes
 
     folder, config, _ = _case_folder(draft_case, key)
     plugin = _build(key, folder, config, monkeypatch)
     vocab = _vocab(plugin)
     assert vocab and all(p.device.type == "meta" for p in vocab.values()), vocab.keys()
+    from sglang_mtp_dequant.serving.draft_vocab import held_back  # (main has no such module)
+
     assert held_back(plugin) == vocab_copy_bytes(plugin) > 0
     (line,) = _vocab_lines(caplog)
     assert f"{held_back(plugin):,} bytes on this rank never allocated" in line, line
@@ -144,7 +145,6 @@ def test_qwen35_draft_shares_the_real_targets_as_stock_does(monkeypatch, caplog,
     draft's copy): no storage behind embed_tokens / lm_head when sglang's loader returns;
     after sglang's sharing with the real target the draft is stock sglang's, tensor by tensor.
     Fails on main (the copies are allocated and written)."""
-    from sglang_mtp_dequant.serving.draft_vocab import held_back
     from sglang_mtp_dequant.serving.plugin import bypassed
 
     caplog.set_level(logging.INFO)
@@ -155,6 +155,8 @@ def test_qwen35_draft_shares_the_real_targets_as_stock_does(monkeypatch, caplog,
         "model.embed_tokens.weight",
         "lm_head.weight",
     }
+    from sglang_mtp_dequant.serving.draft_vocab import held_back  # (main has no such module)
+
     assert held_back(plugin) == 2 * 256 * 192 * 2  # vocab x hidden x bf16, twice
     assert len(_vocab_lines(caplog)) == 1
     with bypassed():
