@@ -72,6 +72,7 @@ def _pp_stage(rank: int, port: int, folder: str, out: str) -> None:
     worker does (inside ``draft_pp_context``) and loads it through sglang's stream, with the
     plugin's switch on and off; writes ``out`` (JSON): per switch, the parameters without storage
     and whether the embedding holds the checkpoint's, and the plugin's log lines."""
+    import inspect
     import json
     import logging
     import os
@@ -110,7 +111,11 @@ def _pp_stage(rank: int, port: int, folder: str, out: str) -> None:
         world_size=2, rank=rank, local_rank=rank, backend="gloo",
         distributed_init_method=f"tcp://127.0.0.1:{port}",
     )  # fmt: skip
-    parallel_state.initialize_model_parallel(backend="gloo")
+    widths = inspect.signature(parallel_state.initialize_model_parallel).parameters
+    if "pipeline_model_parallel_size" in widths:  # sglang through 0.5.20 takes the widths
+        parallel_state.initialize_model_parallel(pipeline_model_parallel_size=2, backend="gloo")
+    else:  # from 0.5.21 it reads the published ones
+        parallel_state.initialize_model_parallel(backend="gloo")
     join_attention_dp()
     found: dict[str, object] = {}
     if rank == 1:
