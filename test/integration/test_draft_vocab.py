@@ -325,3 +325,33 @@ def test_a_class_that_builds_no_vocab_layer_of_its_own_is_left_alone(caplog, con
     make_build_hook(DRAFT_SPECS[0])(binds_the_targets, draft)
     assert draft.embed_tokens is target and held_back(draft) == 0
     assert not _vocab_lines(caplog)
+
+
+def test_a_vocab_layer_the_draft_does_not_take_from_the_target_is_allocated(
+    caplog, context_restored
+):
+    """A vocab layer a draft's constructor builds that sglang's worker does not replace (not
+    embed_tokens / lm_head) gets storage where sglang builds it, its loader attributes kept, as
+    sglang's torch.empty gives it; only the one taken from the target is held back."""
+    from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    from sglang_mtp_dequant.serving.draft_vocab import held_back, make_build_hook
+    from sglang_mtp_dequant.serving.drafts import DRAFT_SPECS
+    from sglang_mtp_dequant.tools.cpu_sglang import publish_context
+
+    publish_context(TARGET, **EAGLE)
+    caplog.set_level(logging.INFO)
+
+    def builds_two(model: torch.nn.Module) -> None:
+        torch.nn.Module.__init__(model)
+        model.embed_tokens = VocabParallelEmbedding(256, 64)
+        model.per_layer_embed = VocabParallelEmbedding(256, 64)
+
+    draft = torch.nn.Module.__new__(torch.nn.Module)
+    make_build_hook(DRAFT_SPECS[0])(builds_two, draft)
+    assert draft.embed_tokens.weight.device.type == "meta"
+    own = draft.per_layer_embed.weight
+    assert own.device.type == "cpu" and own.shape == (256, 64)
+    assert own.weight_loader == draft.per_layer_embed.weight_loader and own.output_dim == 0
+    assert held_back(draft) == 256 * 64 * draft.embed_tokens.weight.element_size()
+    assert "takes embed_tokens from the target" in _vocab_lines(caplog)[0]

@@ -105,9 +105,7 @@ def _allocate(layer: torch.nn.Module, device: torch.device) -> None:
     """``layer``'s meta parameters allocated on ``device`` as sglang's ``torch.empty`` allocates
     them (the same attributes: ``weight_loader``, ``output_dim``, ...)."""
     for name, param in list(layer.named_parameters(recurse=False)):
-        allocated = torch.nn.Parameter(
-            torch.empty_like(param, device=device), requires_grad=param.requires_grad
-        )
+        allocated = torch.nn.Parameter(torch.empty_like(param, device=device), param.requires_grad)
         allocated.__dict__.update(param.__dict__)
         setattr(layer, name, allocated)
 
@@ -118,19 +116,13 @@ def held_back(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if _HELD.get(id(p)) is p)
 
 
-def _draft_classes(specs: tuple[DraftSpec, ...]) -> dict[str, DraftSpec]:
-    """Dotted class path -> spec, for every class whose ``__init__`` builds a hooked draft: a
-    subclass that calls ``super().__init__`` reaches its parent's hook (nested hooks pass)."""
-    classes = {spec.target.rsplit(".", 1)[0]: spec for spec in specs}
-    classes.update({path: spec for spec in specs for path in spec.inherited_by})
-    return classes
-
-
+#: every class whose ``__init__`` builds a hooked draft (a subclass calling ``super().__init__``
+#: reaches its parent's hook too: nested hooks pass)
+_CLASSES = {s.target.rsplit(".", 1)[0]: s for s in DRAFT_SPECS} | {
+    path: s for s in DRAFT_SPECS for path in s.inherited_by
+}
 #: (target, AROUND hook, class the target's module must define): registered by ``plugin.register``
 VOCAB_HOOKS: tuple[tuple[str, Callable[..., Any], str | None], ...] = (
-    *(
-        (f"{path}.__init__", make_build_hook(spec), path.rsplit(".", 1)[1])
-        for path, spec in _draft_classes(DRAFT_SPECS).items()
-    ),
+    *((f"{p}.__init__", make_build_hook(s), p.rsplit(".", 1)[1]) for p, s in _CLASSES.items()),
     (sglang_private.VOCAB_WEIGHTS_TARGET, build_vocab_weights, None),
 )
