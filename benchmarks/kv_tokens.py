@@ -232,6 +232,17 @@ def summarize(fixture: str, config: dict, results: list[Result], args: argparse.
             f"{resident / per_token:,.0f} tokens; measured {gain:,.0f} over stock, "
             f"{mean['plugin'] - mean['own']:,.0f} over own"
         )
+        slots = {arm: statistics.mean(values) for arm, values in mamba.items() if values}
+        if calibration[0].mamba is not None and calibration[0].mamba != slots.get("stock"):
+            per_slot = float(args.fraction) * args.calibrate_mib * 2**20
+            per_slot /= calibration[0].mamba - slots["stock"]
+            over = {arm: slots["plugin"] - slots[arm] for arm in ("stock", "own")}
+            lines.append(
+                f"{fixture}: bytes/Mamba slot {per_slot:,.0f} (the same run: "
+                f"+{calibration[0].mamba - slots['stock']:,.0f} slots) -> expected gain "
+                f"{resident / per_slot:,.0f} slots; measured {over['stock']:,.0f} over stock, "
+                f"{over['own']:,.0f} over own"
+            )
     held = {r.held_back for r in by_arm["plugin"]}
     draft = {arm: sorted({r.draft_gb for r in rows}) for arm, rows in by_arm.items()}
     outputs = {json.dumps(r.outputs) for r in results}
@@ -254,7 +265,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fraction", default="0.3", help="--mem-fraction-static")
     parser.add_argument("--log-dir", default=os.path.join(ROOT, ".cache", "bench", "kv_tokens"))
     parser.add_argument("--json", default=None, help="write every run here")
+    parser.add_argument(
+        "--summarize", help="print a --json file's summaries again (run with the same flags)"
+    )
     args = parser.parse_args(argv)
+    if args.summarize:
+        with open(args.summarize) as handle:
+            runs = [Result(**run) for run in json.load(handle)]
+        for fixture in dict.fromkeys(r.fixture for r in runs):
+            config = json.load(open(os.path.join(ROOT, FIXTURES[fixture][0], "config.json")))
+            rows = [r for r in runs if r.fixture == fixture]
+            print(summarize(fixture, config, rows, args), flush=True)
+        return 0
     if args.reading == "host" and args.fraction == "0.3":
         args.fraction = "0.08"  # of the host's free memory: a pool of about 1.5 GB here
     device = int(args.device_gib * 2**30) if args.reading == "device" else None
