@@ -10,7 +10,7 @@ the classes whose target is not built here, the target's side of the sharing
 (``get_embed_and_head`` and ``lm_head``, as every sglang target answers them).
 
 "Stock" below is the same build with ``SGLANG_MTP_DEQUANT_SHARE_VOCAB=off`` (the plugin's
-decoding as on main: stock sglang cannot load most of these ModelSlim checkpoints at all), and,
+decoding alone: stock sglang cannot load most of these ModelSlim checkpoints at all), and,
 for the BF16 Qwen3.5 checkpoint, stock sglang itself (``plugin.bypassed``).
 """
 
@@ -110,9 +110,13 @@ def _check_held_back_then_shared(build, caplog) -> None:
     from sglang_mtp_dequant.tools.draft_memory import vocab_copy_bytes
 
     caplog.set_level(logging.INFO)
+    from sglang_mtp_dequant.serving import releases
+
     try:
         stock = build(False)
     except Exception as exc:  # noqa: BLE001 - sglang itself cannot build it here: said below
+        if releases.installed_version() == releases.NEWEST_TESTED:
+            raise  # make test's sglang builds every class on the CPU: never skipped there
         pytest.skip(f"this sglang cannot build the class on a CPU: {type(exc).__name__}: {exc}")
     caplog.clear()
     plugin = build(True)
@@ -217,8 +221,7 @@ def test_qwen35_draft_shares_the_real_targets_as_stock_does(monkeypatch, caplog,
     _assert_same_draft(plugin, stock)
 
 
-def test_glm5_class_inheriting_deepseeks_constructor(load_draft, monkeypatch, caplog,
-                                                     context_restored):  # fmt: skip
+def test_glm5_class_inheriting_deepseeks_constructor(caplog, context_restored):
     """GLM-5's GlmMoeDsaForCausalLMNextN inherits DeepSeek's hooked __init__: built through
     sglang's ModelConfig for an EAGLE launch, its copies are held back like DeepSeek's."""
     from sglang_mtp_dequant.serving.draft_vocab import held_back
@@ -226,6 +229,7 @@ def test_glm5_class_inheriting_deepseeks_constructor(load_draft, monkeypatch, ca
     from sglang_mtp_dequant.tools.cpu_sglang import build_draft, draft_model_config, publish_context
     from sglang_mtp_dequant.tools.draft_memory import vocab_copy_bytes
 
+    caplog.set_level(logging.INFO)
     folder = fixture_dir("glm5_w8a8_mtp")
     try:
         has_glm5 = hasattr(importlib.import_module("sglang.srt.models.glm4_moe"), GLM5_CLASS)
