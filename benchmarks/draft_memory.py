@@ -35,8 +35,14 @@ The models (config values: docs/results.md, "Draft memory per form"):
 - ``glm-5.1``: GLM-5.1-w8a8 at TP 16 / EP 16 (its published description: static W8A8 attention,
   W8A8_DYNAMIC experts).
 
+What the draft holds when sglang sizes the KV pool (issue #50): stock sglang's draft still holds
+its own vocab-sized ``embed_tokens`` / ``lm_head`` then (``draft_memory.vocab_copy_bytes``); with
+the plugin those are never allocated. Each build is made for an EAGLE launch with the plugin's
+own hooks on the draft's vocab layers applied and no other (``vocab_hooks_applied``: the builds
+stay stock sglang's), and ``draft_vocab.held_back`` counts what they kept off the device.
+
 Prints the machine and one line per (model, form): bytes on each rank (equal on every rank, or
-the range), and the form the doctor would recommend.
+the range), and the bytes at KV sizing, stock and with the plugin.
 """
 
 from __future__ import annotations
@@ -63,6 +69,9 @@ from sglang_mtp_dequant.tools.forms import FORMS  # noqa: E402
 
 #: the launch forms (key, flags): ``tools/forms.py``'s
 FORM_FLAGS = {key: list(form.flags) for key, form in FORMS.items()}
+
+#: every form is an MTP launch: sglang's EAGLE worker is what shares the target's vocab layers
+SPECULATIVE = ("--speculative-algorithm", "EAGLE")
 
 
 @dataclass(frozen=True)
@@ -129,10 +138,23 @@ def rank_worker(folder: str, tp: int, ep: int, rank: int, port: int, out: str) -
     from support.cpu_sglang import join_parallel_world
 
     join_parallel_world(folder, world_size=tp, rank=rank, port=port, ep_size=ep)
+    vocab_hooks_applied()
     target_quant_config_first(folder)
     found = {key: _form_bytes(folder, flags, tp, ep, rank) for key, flags in FORM_FLAGS.items()}
     with open(out, "w") as handle:
         json.dump(found, handle)
+
+
+def vocab_hooks_applied() -> None:
+    """The plugin's hooks on the draft's vocab layers (``draft_vocab.VOCAB_HOOKS``) applied in
+    this process, and none of its others: each form is still built as stock sglang builds it."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_mtp_dequant.serving.draft_vocab import VOCAB_HOOKS
+
+    for target, hook, _ in VOCAB_HOOKS:
+        HookRegistry.register(target, hook, HookType.AROUND)
+    HookRegistry.apply_hooks()
 
 
 def target_quant_config_first(folder: str) -> None:
@@ -157,7 +179,9 @@ def _form_bytes(folder: str, flags: list[str], tp: int, ep: int, rank: int) -> d
     from sglang_mtp_dequant.tools.cpu_sglang import publish_context
     from sglang_mtp_dequant.tools.launch import parse_launch
 
-    launch = parse_launch(folder, [*flags, "--tp-size", str(tp), "--ep-size", str(ep)])
+    launch = parse_launch(
+        folder, [*flags, *SPECULATIVE, "--tp-size", str(tp), "--ep-size", str(ep)]
+    )
     publish_context(folder, tp_size=tp, ep_size=ep, **launch.server_args())
     args = sglang_private.published_server_args()
     sglang_private.publish_server_args(args, role="scheduler", world_rank=rank)
@@ -168,9 +192,14 @@ def _form_bytes(folder: str, flags: list[str], tp: int, ep: int, rank: int) -> d
 
 
 def _built_bytes(folder: str, launch: Any) -> dict[str, Any]:
+    from sglang_mtp_dequant.serving.draft_vocab import held_back
     from sglang_mtp_dequant.serving.float_layers import builds_as_the_plugin
     from sglang_mtp_dequant.tools.cpu_sglang import build_draft, draft_model_config
-    from sglang_mtp_dequant.tools.draft_memory import bytes_by_dtype, draft_parameter_bytes
+    from sglang_mtp_dequant.tools.draft_memory import (
+        bytes_by_dtype,
+        draft_parameter_bytes,
+        vocab_copy_bytes,
+    )
 
     config = draft_model_config(folder)
     how = "sglang's build"
@@ -188,6 +217,8 @@ def _built_bytes(folder: str, launch: Any) -> dict[str, Any]:
         "class": type(model).__name__,
         "quantized": None if quant is None else str(quant.get_name()),
         "bytes": draft_parameter_bytes(model),
+        "vocab_copy_bytes": vocab_copy_bytes(model),
+        "held_back": held_back(model),
         "by_dtype": bytes_by_dtype(model),
         "how": how,
     }
@@ -238,6 +269,7 @@ def in_process(folder: str, tp: int, ep: int) -> list[dict[str, Any]]:
     from sglang_mtp_dequant.tools.cpu_sglang import prepare_cpu_process
 
     prepare_cpu_process(folder)
+    vocab_hooks_applied()
     target_quant_config_first(folder)
     per_rank = []
     for rank in range(tp):
@@ -307,11 +339,23 @@ def form_line(model: Model, form: str, ranks: list[dict[str, Any]]) -> str:
     plugin = " [the plugin's build]" if ranks[0]["how"] != "sglang's build" else ""
     dtypes = ", ".join(f"{k} {v:,}" for k, v in sorted(ranks[0]["by_dtype"].items()))
     return (
-        f"{model.key} TP{model.tp}/EP{model.ep} {form}: {ranks[0]['class']} {built}{plugin}; "
-        f"per rank {each} on every one of {len(ranks)} ranks"
-        if len(sizes) == 1
-        else f"{model.key} TP{model.tp}/EP{model.ep} {form}: per rank {each}"
-    ) + f" [{dtypes}]"
+        (
+            f"{model.key} TP{model.tp}/EP{model.ep} {form}: {ranks[0]['class']} {built}{plugin}; "
+            f"per rank {each} on every one of {len(ranks)} ranks"
+            if len(sizes) == 1
+            else f"{model.key} TP{model.tp}/EP{model.ep} {form}: per rank {each}"
+        )
+        + f" [{dtypes}]; "
+        + _sizing_text(ranks)
+    )
+
+
+def _sizing_text(ranks: list[dict[str, Any]]) -> str:
+    """What a rank holds at KV sizing, stock and with the plugin (the largest rank)."""
+    stock = max(r["bytes"] + r["vocab_copy_bytes"] for r in ranks)
+    plugin = max(r["bytes"] + r["vocab_copy_bytes"] - r["held_back"] for r in ranks)
+    held = max(r["held_back"] for r in ranks)
+    return f"at KV sizing: stock {stock:,} B, plugin {plugin:,} B ({held:,} B never allocated)"
 
 
 def _in_child(model: Model, root: str, world: str) -> dict[str, list[dict[str, Any]]]:

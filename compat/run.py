@@ -16,8 +16,9 @@ tokenizers it accepts) in a shared layer ``.cache/compat/layers/``; a ``.pth`` f
 the layer and ``.venv``'s own site-packages (torch, the pinned test set, this package,
 editable) behind them. The release ``.venv`` itself holds is run in ``.venv``.
 
-What runs in each: the activation, dense-scheme, guard and release tests (sglang's own draft
-class loading msmodelslim's real fixtures through its DefaultModelLoader, stock and hooked);
+What runs in each: the activation, dense-scheme, guard, release and draft-vocabulary tests
+(sglang's own draft class loading msmodelslim's real fixtures through its DefaultModelLoader,
+stock and hooked; every draft class's vocab layers held back until its sharing);
 ``load_plugins()`` in a fresh process, as a server process does (the hooks it applied and the
 WARNINGs it logged); ``doctor --json`` and ``verify --json`` on the W8A8_DYNAMIC fixture.
 """
@@ -49,6 +50,7 @@ TESTS = (
     "test/integration/test_dense_schemes.py",
     "test/integration/test_guard.py",
     "test/integration/test_releases.py",
+    "test/integration/test_draft_vocab.py",
 )
 QWEN35 = "sglang.srt.models.qwen3_5_mtp.Qwen3_5ForCausalLMMTP.load_weights"
 #: what a fresh process reports after sglang's own load_plugins(), as one JSON line

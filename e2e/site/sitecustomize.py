@@ -34,8 +34,10 @@ Ascend kernels sglang calls, computing what they compute):
 7. The Gated DeltaNet kernels' platform checks under the interpreter (``e2e_shim_gdn.py``).
 8. Only for the feature branch's run (``E2E_DRAFT_NPU_CHECK=1``): the Qwen3.5 MTP module's
    ``is_npu`` answers True, as on the NPU step 01 launches on (``e2e_shim_npu_check.py``).
+9. Only for the KV-token benchmark (``E2E_DEVICE_BYTES``): sglang's free-memory reading on the
+   CPU is that of a device the process owns alone (``e2e_shim_device_memory.py``).
 
-Each of 5-8 announces its first use (``e2e_shim_hooks.say``) and the harness requires the
+Each of 5-9 announces its first use (``e2e_shim_hooks.say``) and the harness requires the
 lines of every server that needs it (``e2e/checks.py``).
 """
 
@@ -44,6 +46,7 @@ from __future__ import annotations
 import functools
 import sys
 
+import e2e_shim_device_memory
 import e2e_shim_gdn
 import e2e_shim_modelslim
 import e2e_shim_npu_check
@@ -115,6 +118,7 @@ def _install() -> None:
     e2e_shim_modelslim.install()
     e2e_shim_gdn.install()
     e2e_shim_npu_check.install()
+    e2e_shim_device_memory.install()
 
 
 _install()

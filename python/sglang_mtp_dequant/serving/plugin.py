@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import context, float_layers, releases, target_layers
+from . import context, draft_vocab, float_layers, releases, target_layers
 from .drafts import DRAFT_SPECS, DraftSpec
 from .load import LOADER_HOOKS, DraftLoad
 from .ray_setup import register_launch_guard
@@ -109,6 +109,16 @@ def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
             "FLOAT, are not refused) in this process",
         )
         for target, hook, class_name in float_layers.FLOAT_LAYER_HOOKS
+    ]
+    hooks += [
+        (
+            target,
+            hook,
+            class_name,
+            "the draft's own embed_tokens / lm_head are allocated before the KV pool is sized "
+            "in this process",
+        )
+        for target, hook, class_name in draft_vocab.VOCAB_HOOKS
     ]
     for target, hook, class_name, effect in hooks:
         if target in context.registered_targets():

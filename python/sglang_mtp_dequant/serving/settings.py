@@ -15,6 +15,10 @@ from collections.abc import Sequence
 
 from ..errors import SettingError
 
+#: ``on`` (default) | ``off``: the draft's own embed_tokens / lm_head never allocated where
+#: sglang binds the target's into them (``draft_vocab.py``), or allocated as stock sglang does
+SHARE_VOCAB_ENV = "SGLANG_MTP_DEQUANT_SHARE_VOCAB"
+
 
 def env_choice(name: str, default: str, allowed: Sequence[str]) -> str:
     """Environment variable ``name``, stripped and lower-cased (``default`` when unset or

@@ -66,6 +66,10 @@ MTP_FILE_TARGET = f"{_LOADER}.maybe_add_mtp_safetensors"
 #: ``_get_quantization_config`` and ``_initialize_model``, AROUND hooks (``target_layers.py``)
 QUANTIZATION_CONFIG_TARGET = f"{_LOADER}._get_quantization_config"
 INITIALIZE_MODEL_TARGET = f"{_LOADER}._initialize_model"
+#: ``UnquantizedEmbeddingMethod.create_weights``, an AROUND hook (``draft_vocab.py``)
+VOCAB_WEIGHTS_TARGET = (
+    "sglang.srt.layers.quantization.unquant.UnquantizedEmbeddingMethod.create_weights"
+)
 #: ``RayEngine._launch_scheduler_processes``, a BEFORE hook (``ray_setup.py``)
 RAY_LAUNCH_TARGET = "sglang.srt.ray.engine.RayEngine._launch_scheduler_processes"
 #: ``FusedMoE._map_global_expert_id_to_local_expert_id``: global expert id -> local or -1
@@ -216,6 +220,19 @@ LEDGER: tuple[Private, ...] = (
             # the e2e shim's test tells the shim's wrapper from the function it wraps
             "test/e2e/test_e2e_shims.py",
         ),
+    ),
+    Private(
+        name=VOCAB_WEIGHTS_TARGET,
+        where=VOCAB_WEIGHTS_TARGET,
+        why="the one place an unquantized VocabParallelEmbedding / ParallelLMHead allocates its "
+        "weight: the draft's own embed_tokens / lm_head, which sglang's EAGLE worker swaps for "
+        "the target's only after the KV pool is sized, are made there",
+        how="AROUND hook: while a hooked draft class is built (draft_vocab.py) the original runs "
+        "under torch.device('meta'); everywhere else it runs untouched",
+        remove_when="sglang's MTP/NextN drafts bind the target's vocab layers at construction "
+        "(sglang #38147's way), or share them before the KV pool is sized",
+        spelled=("UnquantizedEmbeddingMethod",),
+        accessors=("VOCAB_WEIGHTS_TARGET",),
     ),
     Private(
         name=RAY_LAUNCH_TARGET,

@@ -11,10 +11,12 @@ Usage::
 Why on the meta device: sglang's own class, built for the launch (its quantization config,
 its parallel sizes), allocates exactly these parameters on the device; on ``meta`` they have
 their shapes and dtypes and take no memory, so a full-size draft is counted on any CPU. The
-embedding and lm_head are left out: sglang's EAGLE workers replace them with the target's
-(``set_embed_and_head``) right after the draft loads (``DraftSpec.from_target``), so they cost
-the draft nothing. What the NPU kernels do to the parameters after loading (format casts) is
-not counted: the figure is what sglang's layers create.
+embedding and lm_head (``DraftSpec.from_target``) are counted apart: sglang's EAGLE worker
+replaces them with the target's (``set_embed_and_head``), but only after the KV pool is sized,
+so stock sglang holds them then (``vocab_copy_bytes``) and the plugin never allocates them
+(``serving/draft_vocab.py``): ``draft_parameter_bytes`` is what the draft holds at KV sizing
+with the plugin. What the NPU kernels do to the parameters after loading (format casts) is not
+counted: the figure is what sglang's layers create.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ def draft_parameter_bytes(model: torch.nn.Module, from_target: Iterable[str] = F
 
 def vocab_copy_bytes(model: torch.nn.Module, from_target: Iterable[str] = FROM_TARGET) -> int:
     """The bytes of the parameters the draft takes from the target (its own vocab-sized
-    ``embed_tokens`` / ``lm_head`` on this rank): what stock sglang 0.5.23 still holds when
-    the KV pool is sized, since the EAGLE worker shares them only afterwards."""
+    ``embed_tokens`` / ``lm_head`` on this rank): what stock sglang 0.5.14-0.5.23 still holds
+    when the KV pool is sized, since the EAGLE worker shares them only afterwards, and what the
+    plugin never allocates (``draft_vocab.held_back`` counts the same bytes on a build)."""
     taken = tuple(from_target)
     return sum(
         p.numel() * p.element_size()
