@@ -352,7 +352,7 @@ def _plain_parts(
     rows = {entry.info.name: _row(entry) for entry in plan.entries.values()}
     for row in rows.values():
         if row.action == "dequantize":
-            row.reason += " (a plain part of the quantized draft: no quantization method reads it)"
+            row.reason += " (a layer sglang builds unquantized: no quantization method reads it)"
             row.stock = (
                 "copies the raw codes into the float parameter, its scale dropped: silent misload"
                 if row.name.endswith(".weight")

@@ -159,13 +159,13 @@ class Diagnosis:
                 return "the plugin loads this draft as correct float weights"
             return "the draft is float already; the plugin changes nothing"
         said = self.plugin_builds or (
-            f"sglang builds the draft quantized ({self.built_quantized}) and loads its "
-            "quantized layers itself"
+            f"sglang builds the draft with {self.built_quantized} and loads the layers it "
+            "quantizes itself"
         )
         if decoded:
             return (
-                f"{said}; the plugin decodes {', '.join(decoded)} (a plain nn.Linear no "
-                "quantization method reads) and every parameter is filled"
+                f"{said}; the plugin decodes {', '.join(decoded)} (layers it builds "
+                "unquantized: no quantization method reads their codes) and every parameter is filled"
             )
         return f"{said}; every parameter is filled, the plugin only checks the load"
 
