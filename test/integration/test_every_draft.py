@@ -226,11 +226,6 @@ def test_codes_stored_as_floats_in_a_plain_linear_are_refused_by_value(load_as, 
 #: (fixture, edit, the draft parameter the refusal names)
 BROKEN_QUANTIZED = {
     "norm-as-int8-codes": (W8A8, {"codes": ["mtp.norm.weight"]}, "model.norm.weight"),
-    "ignored-linear-as-int8-codes": (
-        PUBLISHED,
-        {"codes": ["mtp.layers.0.self_attn.o_proj.weight"]},
-        "model.layers.0.o_proj.weight",
-    ),
     "quantized-layer-scale-missing": (
         W8A8,
         {"drop": ["mtp.layers.0.mlp.down_proj.weight_scale"]},
@@ -243,9 +238,8 @@ BROKEN_QUANTIZED = {
 def test_a_quantized_draft_left_with_codes_or_holes_is_refused_naming_the_parameter(
     load_as, cli_json, tmp_path, case
 ):
-    """(b) codes in a plain float parameter (a norm; a linear the config ignores, built with
-    UnquantizedLinearMethod) whose scale nothing read; (a) a parameter a quantization method
-    owns left unwritten. The load is refused, and the doctor says so first (exit 1)."""
+    """(b) codes in a plain float parameter (a norm) whose scale nothing read; (a) a parameter a
+    quantization method owns left unwritten. The load is refused, and the doctor says so first (exit 1)."""
     fixture, edit, parameter = BROKEN_QUANTIZED[case]
     folder = edited(ct(fixture), tmp_path / "ckpt", **edit)
     with pytest.raises(MisloadedDraftError) as caught:
@@ -262,6 +256,25 @@ def test_a_quantized_draft_left_with_codes_or_holes_is_refused_naming_the_parame
     assert code == 1 and report["verdict"] == "error"
     named = [*report["problems"], *report["unfilled_parameters"]]
     assert any(p.startswith(parameter) for p in named), named
+
+
+def test_codes_in_a_linear_the_config_ignores_are_refused_before_any_write(
+    load_as, cli_json, tmp_path
+):
+    """int8 codes with no scale in a linear the config ignores (sglang builds it unquantized):
+    the plugin's plan, which decodes what sglang builds unquantized over codes, finds nothing
+    says how they were quantized and refuses the tensor before any write; the doctor first."""
+    name = "mtp.layers.0.self_attn.o_proj.weight"
+    folder = edited(ct(PUBLISHED), tmp_path / "ckpt", codes=[name])
+    with pytest.raises(DraftWeightError) as caught:
+        load_as(folder)
+    assert type(caught.value) is DraftWeightError  # the plan's refusal, not the guard's
+    said = str(caught.value)
+    assert name in said and "quantization_config does not quantize it" in said, said
+    code, report = cli_json("doctor", folder, "--device", "cuda")
+    assert code == 1 and report["verdict"] == "error"
+    (row,) = [t for t in report["tensors"] if t["name"] == name]
+    assert row["action"] == "error" and "does not quantize it" in row["reason"], row
 
 
 # -- drafts sglang builds unquantized (NPU; ModelOpt NVFP4 on any platform) --------------------
