@@ -102,8 +102,7 @@ class SettingError(MtpDequantError, ValueError):
 
 
 class UnservedLayerError(MtpDequantError, ValueError):
-    """Linear layers sglang built unquantized over quantized codes (``serving/target_layers.py``),
-    raised at model build time."""
+    """Linear layers sglang built unquantized over quantized codes, raised at model build time."""
 
     def __init__(self, *, role: str, problem: str, hint: str, details: Sequence[str] = ()) -> None:
         self.role = role  # "target Qwen3_5ForCausalLM", "draft Qwen3_5ForCausalLMMTP"
@@ -111,8 +110,7 @@ class UnservedLayerError(MtpDequantError, ValueError):
 
 
 class MixedPrecisionLayerError(MtpDequantError, ValueError):
-    """A ModelSlim MoE layer whose experts are described part FLOAT, part quantized
-    (``serving/float_layers.py``), raised at model build time."""
+    """A ModelSlim MoE layer whose experts are part FLOAT, part quantized, raised at build."""
 
     def __init__(self, *, layer: str, problem: str, hint: str, details: Sequence[str] = ()) -> None:
         self.layer = layer  # the prefix sglang builds it with: "mtp.layers.0.mlp.experts"

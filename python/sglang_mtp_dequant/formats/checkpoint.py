@@ -294,8 +294,7 @@ def _declared_format(folder: str) -> DeclaredFormat | None:
 
 
 def index_shards(weight_map: object) -> set[str] | None:
-    """The shards an index's ``weight_map`` names, or None if it is no map of names to
-    non-empty strings."""
+    """The shards an index's ``weight_map`` names, or None if it is no map of names to strings."""
     if not isinstance(weight_map, dict):
         return None
     try:
@@ -308,8 +307,7 @@ def index_shards(weight_map: object) -> set[str] | None:
 
 
 def _inside_folder(entry: str) -> bool:
-    """Whether an index entry names a file under its folder, by the name (snapshot files are
-    symlinks into blobs)."""
+    """Whether an index entry names a file under its folder, by name (snapshots are symlinks)."""
     if os.path.isabs(entry) or entry.startswith(("/", "\\")):
         return False
     normal = os.path.normpath(entry)

@@ -93,8 +93,7 @@ class CheckpointConfig:
 
 
 def read_json(path: str) -> object:
-    """The JSON in ``path``, parsed by orjson (a large export's index lists every tensor), else
-    by json, raising what ``json.load`` raises."""
+    """The JSON in ``path``, by orjson (a large index lists every tensor), else by json."""
     with open(path, "rb") as handle:
         raw = handle.read()
     try:

@@ -45,8 +45,7 @@ NameRule = Callable[[str], bool]
 
 
 def mtp_prefix(_config: object = None) -> NameRule:
-    """Qwen3.5/3.6/Qwen3-Next/Qwen3-MoE: every name containing ``mtp``, as the draft's own
-    ``load_weights`` takes them."""
+    """Qwen3.5/3.6/Qwen3-Next/Qwen3-MoE: every name containing ``mtp`` (their drafts take those)."""
     return lambda name: "mtp" in name
 
 
@@ -80,8 +79,7 @@ def decoder_layers(config: object) -> int | None:
 
 
 def config_value(config: object, key: str) -> Any:
-    """``key`` of a ``CheckpointConfig``, a built model's or a bare config, else its
-    ``text_config``'s."""
+    """``key`` of a ``CheckpointConfig``, a model or a bare config, else its text config's."""
     value = getattr(config, "value", None)
     if callable(value):  # a CheckpointConfig
         return value(key)
@@ -115,8 +113,7 @@ def is_bare_proj(name: str) -> bool:
 
 
 def fused_companion_base(name: str, names: Mapping[str, object] | set[str]) -> str | None:
-    """The fused weight of ``<fused weight>_<suffix>`` (``experts.gate_up_proj_weight_scale``),
-    only when that weight is in ``names``."""
+    """The fused weight of ``<fused weight>_<suffix>``, only when that weight is in ``names``."""
     for suffix in COMPANION_SUFFIXES:
         if name.endswith(f"_{suffix}"):
             base = name[: -len(suffix) - 1]

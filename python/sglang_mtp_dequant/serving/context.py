@@ -43,8 +43,7 @@ BYPASS: contextvars.ContextVar[bool] = contextvars.ContextVar("mtp_dequant_bypas
 
 
 def is_bypassed() -> bool:
-    """Inside ``plugin.bypassed()`` (the CLI's stock builds and loads), where every hook of the
-    plugin leaves sglang's own answer alone."""
+    """Inside ``plugin.bypassed()``, where every hook leaves sglang's own answer alone."""
     return BYPASS.get()
 
 

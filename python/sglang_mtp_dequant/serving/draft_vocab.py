@@ -5,17 +5,11 @@ Usage (``plugin.register`` arranges the hooks in every sglang process)::
     VOCAB_HOOKS                   # AROUND each draft class's __init__ and the vocab weights' build
     held_back(model)              # bytes of the draft's embed_tokens / lm_head left unallocated
 
-Why: an MTP/NextN draft builds its own vocab-sized ``embed_tokens`` and ``lm_head`` and sglang's
-EAGLE worker swaps both for the target's (``init_lm_head`` -> ``set_embed_and_head``) only after
-the scheduler has sized the KV pool from free memory, so their bytes never reach the KV cache
-(sglang #32468, #35996, #37155, #38147). While a hooked draft class is built, the weights its
-unquantized vocab layers create are made on the meta device: shapes, no storage, nothing to free
-that a caching allocator could keep (docs/design.md, "The draft's vocabulary"). sglang's loaders
-write into them as into any parameter (a no-op) and its own ``set_embed_and_head`` binds the
-target's, so the draft ends as stock's does. Left as sglang builds them: a launch whose draft
-keeps its own (``--pp-size`` above 1; an algorithm other than EAGLE / NEXTN, e.g. STANDALONE),
-a vocab layer sglang quantizes or packs, one the draft does not take from the target, the CLI's
-stock builds (``plugin.bypassed``) and ``SGLANG_MTP_DEQUANT_SHARE_VOCAB=off``.
+Why: an MTP/NextN draft builds its own vocab-sized ``embed_tokens`` and ``lm_head``, and sglang's
+EAGLE worker swaps both for the target's only after the KV pool was sized from free memory, so
+their bytes never reach the KV cache (sglang #32468, #35996, #37155, #38147). Made on the meta
+device instead, they hold no storage, and ``set_embed_and_head`` binds the target's as in stock
+(docs/design.md, "The draft's vocabulary", lists what is left as sglang builds it).
 """
 
 from __future__ import annotations
@@ -43,9 +37,8 @@ _HELD: weakref.WeakValueDictionary[int, torch.nn.Parameter] = weakref.WeakValueD
 
 
 def launch_shares_vocab() -> bool:
-    """Whether sglang's draft worker will bind the target's embedding and head into the draft
-    this process builds: an EAGLE (NEXTN) launch without pipeline parallelism (a last-stage
-    draft keeps its own embedding), the switch on, outside the CLI's stock builds."""
+    """Whether the draft worker will bind the target's embedding and head into this draft: an
+    EAGLE (NEXTN) launch without pipeline parallelism, the switch on, not bypassed."""
     if context.is_bypassed() or env_choice(SHARE_VOCAB_ENV, "on", ("on", "off")) == "off":
         return False
     args = sglang_private.published_server_args()
@@ -66,10 +59,9 @@ def build_vocab_weights(original: Callable[..., Any], method: Any, layer: Any, *
 
 
 def make_build_hook(spec: DraftSpec) -> Callable[..., Any]:
-    """The AROUND hook on a draft class's ``__init__``: the class built with its vocab layers'
-    weights on the meta device when the launch shares them; those the draft does not take from
-    the target (``spec.from_target``), or whose method sglang swapped after building them, are
-    then allocated where sglang builds (its ``torch.empty``); one INFO line names the rest."""
+    """The AROUND hook on a draft class's ``__init__``: vocab weights on the meta device when
+    the launch shares them; those not taken from the target, or whose method sglang swapped,
+    then allocated as sglang would."""
 
     def build_draft(original: Callable[..., Any], model: Any, *args: Any, **kwargs: Any) -> Any:
         if _BUILDING.get() is not None or not launch_shares_vocab():
@@ -102,8 +94,7 @@ def make_build_hook(spec: DraftSpec) -> Callable[..., Any]:
 
 
 def _allocate(layer: torch.nn.Module, device: torch.device) -> None:
-    """``layer``'s meta parameters allocated on ``device`` as sglang's ``torch.empty`` allocates
-    them (the same attributes: ``weight_loader``, ``output_dim``, ...)."""
+    """``layer``'s meta parameters allocated on ``device``, their attributes kept."""
     for name, param in list(layer.named_parameters(recurse=False)):
         allocated = torch.nn.Parameter(torch.empty_like(param, device=device), param.requires_grad)
         allocated.__dict__.update(param.__dict__)
@@ -111,13 +102,11 @@ def _allocate(layer: torch.nn.Module, device: torch.device) -> None:
 
 
 def held_back(model: torch.nn.Module) -> int:
-    """The bytes of ``model``'s parameters this module left unallocated (on the meta device)
-    that the model still holds: 0 once sglang has bound the target's tensors in their place."""
+    """The bytes of ``model``'s parameters still left on the meta device by this module."""
     return sum(p.numel() * p.element_size() for p in model.parameters() if _HELD.get(id(p)) is p)
 
 
-#: every class whose ``__init__`` builds a hooked draft (a subclass calling ``super().__init__``
-#: reaches its parent's hook too: nested hooks pass)
+#: every class whose ``__init__`` builds a hooked draft (nested hooks pass)
 _CLASSES = {s.target.rsplit(".", 1)[0]: s for s in DRAFT_SPECS} | {
     path: s for s in DRAFT_SPECS for path in s.inherited_by
 }

@@ -44,8 +44,7 @@ class DraftSpec:
 
     @property
     def hook_name(self) -> str:
-        """The ``__qualname__`` of the plugin's hook on this ``load_weights``
-        (``ray_setup.inactive_targets`` finds it by that)."""
+        """The ``__qualname__`` of the plugin's hook on this ``load_weights`` (``ray_setup``)."""
         return f"sglang_mtp_dequant[{self.class_name}]"
 
     def draft_names(self, model_or_config: DraftSource) -> NameRule:

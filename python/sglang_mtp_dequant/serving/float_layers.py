@@ -42,8 +42,7 @@ TARGET_WAY_OUT = (
 
 
 def expert_precision(quant_config: Any, layer: str, num_experts: int) -> ExpertPrecision:
-    """What ``quant_config``'s description says of the experts of the layer sglang builds as
-    ``layer``, under the name the description gives it."""
+    """What the description says of the experts of ``layer``, under the name it gives it."""
     description = quant_config.quant_description
     named = described_as(description, layer)
 

@@ -8,13 +8,10 @@ Usage (the ``load_weights`` hook, ``plugin.py``; the loader hooks, ``plugin.regi
     files = in_progress().resolved(WeightSource(...))      # the narrowed files sglang streams
     load = last_draft_load()           # afterwards: load.stats, load.writes, load.summary()
 
-Why one object: a draft load is one sequence (sglang resolves the files, the load narrows
-them, plans from them on the first tensor, streams, records every write, guards, logs), and
-every fact of it (the resolution, the narrowing, the plan, the writes) belongs to that load
-alone. The resolution is written into it by the ``_prepare_weights`` hook, once, through a
-context variable (``in_progress``), so sglang's target load and anything resolved on
-another thread are never mistaken for it. A draft sglang builds with a quant config is a
-setting of the same load (``LoadSetting``), not a second copy of it.
+Why one object: every fact of a draft load (the resolution, the narrowing, the plan, the
+writes) belongs to that load alone; the resolution arrives through a context variable
+(``in_progress``), so the target's load is never mistaken for it (docs/design.md, "The draft
+load").
 """
 
 from __future__ import annotations
@@ -80,19 +77,11 @@ def last_draft_load() -> DraftLoad | None:
 class LoadSetting:
     """What a load decodes and refuses, by how sglang built the draft.
 
-    Built unquantized: every draft name is planned, codes the plan does not decode are
-    refused, experts other EP ranks keep are left undecoded. Built with a quant config: on
-    CUDA sglang builds a compressed-tensors (or ModelOpt, ...) draft quantized and its
-    quantized layers consume their codes, but every MTP class builds ``fc`` / ``eh_proj`` as a
-    plain ``nn.Linear`` that no quantization method owns; an export that quantized it hands
-    sglang codes with nowhere to go (packed ``fc.weight_packed`` skipped, int8 ``fc.weight``
-    copied into the bf16 parameter with its scale dropped); and sglang 0.5.23's ModelSlim
-    builds a layer of a scheme it has no linear method for (W8A16, WFP8AFP8_DYNAMIC, linear
-    W4A8_DYNAMIC) unquantized, copying its codes the same way. So only the names that feed a
-    plain linear part (``plain_parts.plain_linears``) are planned (decoded by the plugin's
-    schemes, or where a library decodes their format, ``formats/library.py``; refused before
-    any write where nothing does), every other code goes to sglang's own loaders, and the
-    experts are left to them.
+    Built unquantized: every draft name is planned, undecodable codes refused, other EP ranks'
+    experts left undecoded. Built with a quant config: only the names feeding a plain part no
+    quantization method owns (``fc`` / ``eh_proj``, or a ModelSlim scheme with no linear
+    method) are planned, since sglang would copy their codes in with the scale dropped; every
+    other code, and the experts, go to sglang's own loaders.
     """
 
     #: the checkpoint names the plan decides for
@@ -125,15 +114,9 @@ def observe_prepare_weights(
     original: PrepareWeights, loader: Any, model_name_or_path: str, *args: Any, **kwargs: Any
 ) -> tuple[str, list[str], bool]:
     """AROUND ``DefaultModelLoader._prepare_weights``: the one hook that changes sglang's
-    result. Inside a hooked draft load, the folder and files sglang chose are written into
-    that load, which narrows the file list to the files holding the draft's tensors
-    (``DraftLoad.resolved``, ``narrowing.py``): sglang streams the narrowed list.
-    Everywhere else the result passes through unchanged and is recorded by its path.
-
-    The ways a checkpoint reaches sglang: a folder, a Hugging Face snapshot (files are symlinks into
-    ``../../blobs/``), a hub id found in the default cache or in ``--download-dir``, a revision, a
-    ModelScope download (``SGLANG_USE_MODELSCOPE``); sglang then filters by
-    ``model.safetensors.index.json``. The arguments always pass through unchanged.
+    result. Inside a hooked draft load the file list is narrowed to the files holding the
+    draft's tensors (``DraftLoad.resolved``); elsewhere the result is recorded by its path.
+    The arguments always pass through unchanged.
     """
     result = original(loader, model_name_or_path, *args, **kwargs)
     folder, files = result[0], result[1]
@@ -151,8 +134,7 @@ def observe_prepare_weights(
 def observe_mtp_file(
     original: MtpFile, files: list[str], folder: str, *args: Any, **kwargs: Any
 ) -> list[str]:
-    """AROUND ``maybe_add_mtp_safetensors``: record the file list it returned for ``folder``
-    (arguments and result unchanged)."""
+    """AROUND ``maybe_add_mtp_safetensors``: record the file list it returned for ``folder``."""
     result = original(files, folder, *args, **kwargs)
     if list(result) != list(files):
         load = in_progress()
@@ -166,8 +148,7 @@ def observe_mtp_file(
     return result
 
 
-#: the loader hooks plugin.register() installs (AROUND: ``observe_prepare_weights`` narrows
-#: sglang's file list inside a draft load; ``observe_mtp_file`` changes nothing)
+#: the loader hooks plugin.register() installs
 LOADER_HOOKS: tuple[tuple[str, AroundHook], ...] = (
     (sglang_private.PREPARE_WEIGHTS_TARGET, observe_prepare_weights),
     (sglang_private.MTP_FILE_TARGET, observe_mtp_file),
@@ -217,8 +198,7 @@ class DraftLoad:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        """sglang's ``load_weights`` on the narrowed, planned, decoding stream, every parameter
-        write recorded; then the record kept, the guard, the log line. ``original``'s result."""
+        """sglang's ``load_weights`` on the decoding stream, writes recorded, then guard and log."""
         with self._in_progress(), WriteRecorder(model, self.spec.from_target) as writes:
             stream = DequantizingStream(
                 self._plan,
@@ -254,8 +234,7 @@ class DraftLoad:
             self._indexes.clear()  # a large index is big: kept only until the plan
 
     def resolved(self, source: WeightSource) -> list[str]:
-        """sglang resolved ``source`` inside this load (``observe_prepare_weights``):
-        the files of it the load streams, recorded as this load's resolution."""
+        """sglang resolved ``source`` inside this load: the files of it the load streams."""
         indexes = read_indexes(source.folder) if narrowing_enabled() else {}
         choice = choose_files(source.folder, source.files, self.keeps, indexes)
         self.choices.append(choice)
@@ -266,8 +245,7 @@ class DraftLoad:
         return list(choice.kept)
 
     def mtp_file_added(self, folder: str, files: tuple[str, ...], how: str) -> None:
-        """sglang's ``maybe_add_mtp_safetensors`` changed the file list it streams from
-        ``folder`` (an ``mtp.safetensors`` the index does not list)."""
+        """sglang added an ``mtp.safetensors`` the index does not list to ``folder``'s files."""
         requested = next(
             (s.requested for s in reversed(self.resolutions) if s.folder == folder), folder
         )
@@ -341,8 +319,7 @@ class DraftLoad:
         return sum(len(c.skipped) for c in self.choices)
 
     def narrowing_summary(self) -> str | None:
-        """What the load streamed (the log line's clause), or None if sglang resolved nothing
-        inside it (another loader, or files resolved ahead of the load)."""
+        """What the load streamed (the log line's clause), or None if it resolved nothing."""
         return "; ".join(c.summary() for c in self.choices) or None
 
     def narrowing_detail(self) -> str | None:
@@ -402,8 +379,7 @@ class DraftLoad:
         )
 
     def _decoder(self) -> str:
-        """Who decoded a quantized draft's plain parts: compressed-tensors for the formats it
-        decodes (``formats/library.py``), the plugin's own schemes for ModelSlim's."""
+        """Who decoded a quantized draft's plain parts (``formats/library.py``)."""
         formats = {e.format for e in (self.plan.to_dequantize if self.plan else {}).values()}
         return "compressed-tensors" if formats - {None} else "the plugin's ModelSlim schemes"
 

@@ -108,8 +108,7 @@ def choose_files(
 
 
 def read_indexes(folder: str) -> dict[str, object]:
-    """Index file name -> its parsed JSON (None: unreadable), every index in ``folder``: parsed
-    once per load, for the narrowing and the plan."""
+    """Index file name -> its parsed JSON (None: unreadable), parsed once per load."""
     found: dict[str, object] = {}
     for path in glob.glob(os.path.join(glob.escape(folder), INDEX_PATTERN)):
         try:
@@ -147,8 +146,7 @@ class Walk:
 
 
 def count_walk(choice: FileChoice, keeps: NameRule) -> Walk:
-    """The tensors each load walks, counted in the headers, and any draft tensor a skipped file
-    holds."""
+    """The tensors each load walks (from headers), and any draft tensor a skipped file holds."""
     counts: dict[str, int] = {}
     missed: dict[str, str] = {}
     skipped = set(choice.skipped)

@@ -78,8 +78,7 @@ class ExpertOwnership:
 
     @staticmethod
     def _keeps_all(module: torch.nn.Module) -> bool:
-        """Placements the plain mapping does not describe: keep every expert (the test
-        ``FusedMoE.weight_loader`` makes)."""
+        """Placements the plain mapping does not describe: keep every expert."""
         if getattr(module, "uses_expert_location", False) and _expert_location_metadata():
             return True  # EPLB: physical replicas decide, not the mapping
         for param in module.parameters(recurse=False):

@@ -7,14 +7,10 @@ Usage::
     feeds_plain_linear("mtp.fc.weight_packed", linears)      # True
     meant_for("fc.weight", ["mtp.fc.weight_scale"])          # ["mtp.fc.weight_scale"]
 
-Why: a draft sglang builds with a quant config holds two kinds of parameters. Those of a
-layer whose quantization method is a real one (``CompressedTensorsLinearMethod``, ...) are the
-method's: packed codes, scales, shapes, in whatever dtype the kernel wants, so only whether
-they were written can be judged. The rest (``fc`` / ``eh_proj``, which every MTP class builds
-as a plain ``nn.Linear``, the norms, a layer the config ignores or has no scheme for) are
-ordinary float weights: codes in them are the bug this package exists for. The plain linear
-parts are also where a quantized export's codes land with nothing to consume them, so the
-plugin decodes what streams into them (``load.LoadSetting``).
+Why: in a draft built with a quant config, a real quantization method's parameters hold
+whatever the kernel wants, so only whether they were written can be judged; the rest (``fc`` /
+``eh_proj``, the norms, a layer with no scheme) are float weights, where codes are the bug this
+package exists for, so the plugin decodes what streams into them (``load.LoadSetting``).
 """
 
 from __future__ import annotations
@@ -37,13 +33,9 @@ def quant_owned(model: torch.nn.Module) -> set[str]:
 
 
 def plain_linears(model: torch.nn.Module) -> dict[str, tuple[str, ...]]:
-    """Each plain linear part of the draft -> its name tokens as a checkpoint would spell them
-    (``parameter_names.tokens``): every ``torch.nn.Linear`` (sglang's own linear layers are
-    not ``nn.Linear``) by its name and, in a draft built with a quant config, every checkpoint
-    part of a linear layer sglang built with the unquantized method (a scheme its config has
-    no linear method for: W8A16, WFP8AFP8_DYNAMIC, linear W4A8_DYNAMIC under sglang 0.5.23's
-    ModelSlim) by its name with the part for the stacked name (``q_proj`` for ``qkv_proj``):
-    a float weight the codes would be copied into."""
+    """Each plain linear part of the draft -> its name tokens as a checkpoint spells them: every
+    ``torch.nn.Linear`` and, in a draft built with a quant config, every checkpoint part of a
+    layer sglang built with the unquantized method (``q_proj`` for ``qkv_proj``)."""
     found = {
         name: tokens(name)
         for name, module in model.named_modules()

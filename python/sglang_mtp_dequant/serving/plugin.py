@@ -8,15 +8,10 @@ Usage (what ``pip install`` arranges; nothing to call by hand)::
 
     # every sglang process: sglang.srt.plugins.load_plugins() -> register() -> apply_hooks()
 
-``register`` puts an AROUND hook on each draft class's ``load_weights`` (``drafts.py``), two
-hooks on sglang's ``DefaultModelLoader`` (``load.py``: the resolution of the draft's files,
-narrowed inside a draft load), two on its quant config and model build (``target_layers.py``:
-linear layers built unquantized over quantized codes, target and draft), one on ModelSlim's
-``get_quant_method`` (``float_layers.py``: MoE layers the description marks FLOAT built
-unquantized) and the Ray launch check (``ray_setup.py``). Each hooked draft load is one
-``load.DraftLoad``: narrowed to the files holding the draft's tensors, planned, streamed
-through the decoding stream, recorded and guarded. What each hook does: ``register``,
-``make_load_weights_hook``.
+``register`` hooks each draft class's ``load_weights`` (``drafts.py``), sglang's loader
+(``load.py``), its quant config and model build (``target_layers.py``), ModelSlim's
+``get_quant_method`` (``float_layers.py``), the draft vocab (``draft_vocab.py``) and the Ray
+launch (``ray_setup.py``); docs/design.md says what each does.
 """
 
 from __future__ import annotations
@@ -52,19 +47,10 @@ logger = logging.getLogger("sglang_mtp_dequant")
 def register(specs: tuple[DraftSpec, ...] = DRAFT_SPECS) -> None:
     """Entry point for sglang's general-plugin group: hook every draft class we know.
 
-    When a draft built unquantized (``quant_config is None``) loads, the hook hands sglang's own
-    ``load_weights`` the transformed stream (``stream.py``), planned from exactly the files sglang
-    streams, while recording every parameter write (``guard/writes.py``); afterwards the guard
-    refuses a draft left partly unwritten or holding raw codes. A draft built with a quant config
-    keeps sglang's own stream, except for the codes of its plain ``nn.Linear`` parts (``fc``,
-    ``eh_proj``), and is guarded the same way (``load.LoadSetting``). The Ray launch check is armed
-    here because sglang's Ray actors never load plugins themselves.
-
-    sglang's plugin loader only logs exceptions, so a hook target that cannot be resolved (another
-    sglang version, a module that fails to import) is reported here with a WARNING naming it, the
-    sglang version and the module's own exception. Below the supported sglang releases
-    (``releases.py``) it registers nothing and logs one WARNING naming the version and the
-    range; a draft family whose module this sglang does not have at all is skipped quietly.
+    The Ray launch check is armed here because sglang's Ray actors never load plugins
+    themselves. sglang's plugin loader only logs exceptions, so an unresolvable hook target is
+    reported here with a WARNING (``unresolvable``); outside the supported releases nothing is
+    registered, and a draft family whose module this sglang lacks is skipped quietly.
     """
     support = releases.installed()
     if not support.supported:
@@ -172,13 +158,8 @@ def unresolvable(target: str) -> str | None:
 
 @contextlib.contextmanager
 def bypassed() -> Iterator[None]:
-    """Within this block every hooked ``load_weights`` runs sglang's own code only, and the
-    FLOAT-layer hook (``float_layers``) gives sglang's own answer.
-
-    For the CLI's "stock" loads: unwrapping the hooked method is not enough for a class whose
-    own ``load_weights`` override calls ``super().load_weights`` (GLM-5's NextN), which reaches
-    the hook through the parent.
-    """
+    """Within this block every hook runs sglang's own code only (the CLI's "stock" loads):
+    unwrapping is not enough where an override's ``super().load_weights`` reaches the hook."""
     token = context.BYPASS.set(True)
     try:
         yield
@@ -187,9 +168,7 @@ def bypassed() -> Iterator[None]:
 
 
 def sglang_dequantizes_drafts(load_weights: Callable[..., Any] | None = None) -> bool:
-    """Whether this sglang dequantizes the draft of the (unwrapped) ``load_weights`` given
-    itself, feature-detected per class by what the code does (``upstream_fix``): it calls
-    sglang's decode helper, and its module's NPU check, which gates that call, is true."""
+    """Whether this sglang dequantizes this ``load_weights``'s draft itself (``upstream_fix``)."""
     from .upstream_fix import calls_sglang_decode
 
     module = sys.modules.get(getattr(load_weights, "__module__", None) or "")
@@ -202,12 +181,9 @@ def make_load_weights_hook(spec: DraftSpec) -> LoadWeightsHook:
     """The AROUND hook for ``spec``'s ``load_weights``, in sglang's ``HookRegistry`` form
     ``fn(original_fn, *args, **kwargs) -> result``: ``(original, model, weights, ...)``.
 
-    Inside ``plugin.bypassed()`` it calls ``original`` untouched. Otherwise the load is one
-    ``load.DraftLoad``: an sglang that dequantizes drafts itself (``sglang_dequantizes_drafts``)
-    loads a draft built unquantized alone, on the files it resolved: no narrowing, since no
-    guard checks such a load (docs/design.md, "The draft load"); any other draft loads
-    through the planned, decoding stream and the guard (a draft built quantized with only its
-    plain ``nn.Linear`` parts decoded, ``load.LoadSetting``). The result is ``original``'s.
+    Inside ``plugin.bypassed()`` it calls ``original`` untouched, and an sglang that dequantizes
+    drafts itself loads alone, unnarrowed (docs/design.md, "The draft load"); any other load is
+    one ``load.DraftLoad``. The result is ``original``'s.
     """
 
     def load_weights_with_dequant(

@@ -70,8 +70,7 @@ def setup() -> None:
 
 
 def inactive_targets() -> list[str]:
-    """Draft classes of this sglang whose installed ``load_weights`` lacks this plugin's hook in
-    this process (``HookRegistry``'s record is no proof)."""
+    """Draft classes whose installed ``load_weights`` lacks this plugin's hook here."""
     missing = []
     for spec in DRAFT_SPECS:
         try:

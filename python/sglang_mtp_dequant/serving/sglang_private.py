@@ -6,18 +6,11 @@ Usage::
     folder, files, use_safetensors = prepare_weights(loader, path, revision)
     for entry in LEDGER: print(entry.name, entry.checked_in, entry.remove_when)
 
-Why one module (what vllm-ascend's ``patch/__init__.py`` does for its patches): sglang has no
-stable API for "which files does the loader stream", "which experts does this rank keep" or
-"is this hook applied", so the package reaches into names sglang may rename in any release.
-Each such name is written here and nowhere else (``test/test_packaging.py`` checks it), with
-why it is needed, how it is used, the sglang releases it was checked in (``checked_in``: the
-release matrix runs each), and what would let it go. Where a name differs between supported
-releases, its accessor adapts by feature (a dev build between releases has one or the other),
-and the ledger lists each spelling with its releases.
-An sglang upgrade is then a review of this file and of ``sglang_public.py`` beside it, which
-lists the public sglang the package imports: names sglang documents as its plugin API
-(``HookRegistry.register``, ``HookType``, ``load_plugins``, the draft classes' public
-``load_weights``) are not private and are not listed here.
+Why one module: sglang has no stable API for "which files does the loader stream", "which
+experts does this rank keep" or "is this hook applied", so the package reaches into names
+sglang may rename in any release. Each is written here and nowhere else
+(``test/test_packaging.py`` checks it), so an sglang upgrade is a review of this file and of
+``sglang_public.py``. Accessors adapt by feature where releases differ.
 
 Accessors import sglang lazily: importing this module imports nothing of sglang.
 """
@@ -34,10 +27,7 @@ from . import releases
 class Private:
     """One private sglang name: what it is, why and how it is used, and when it can go.
 
-    ``spelled`` are its tokens as source writes them (an attribute, an import, a string): the
-    ledger test searches the repository for them and finds them only here, in ``accessors``
-    (this module's functions and constants that use it, each called from elsewhere) and in
-    ``also_spelled_in`` (repository paths that must spell it themselves, each said why).
+    ``spelled`` tokens may appear only here (in ``accessors``) and in ``also_spelled_in``.
     """
 
     name: str
@@ -47,12 +37,9 @@ class Private:
     spelled: tuple[str, ...] = ()
     accessors: tuple[str, ...] = ()
     also_spelled_in: tuple[str, ...] = ()
-    #: the sglang releases it was checked in: each release the matrix (``make compat``)
-    #: runs the package's tests, ``doctor`` and ``verify`` on (``releases.TESTED``); a name
-    #: that exists only in some of them has an adapter in its accessor
+    #: the sglang releases the matrix (``make compat``) checked it in
     checked_in: tuple[str, ...] = releases.TESTED
-    #: a dotted path the release test resolves in the installed sglang when its release is in
-    #: ``checked_in`` (names that are not importable objects have none)
+    #: a dotted path the release test resolves in the installed sglang
     where: str | None = None
 
 
@@ -91,14 +78,9 @@ LEDGER: tuple[Private, ...] = (
         why="the folder and exact file list sglang streams (folder, HF snapshot of symlinks, "
         "hub id in a cache or --download-dir, ModelScope, index filtering) are only known "
         "inside it",
-        how="AROUND hook that records the result and passes arguments and result through, "
-        "except inside a hooked draft load, where it narrows the file list to the files the "
-        "checkpoint's index says hold the draft's tensors (narrowing.py); the CLI calls it "
-        "offline to resolve a path as the server would. Not the model's "
-        "allow_patterns_overrides (read by DefaultModelLoader.Source.init_new when the weight "
-        "generator first runs, i.e. inside load_weights): _prepare_weights globs only the first "
-        "of those patterns that matches anything, so no list of files can be said with it, and "
-        "it changes the hub download and index checks as well",
+        how="AROUND hook that records the result, and inside a hooked draft load narrows the "
+        "file list to the files holding the draft's tensors (narrowing.py); the CLI calls it "
+        "offline. Not allow_patterns_overrides: only its first matching pattern is globbed",
         remove_when="sglang reports resolved weight files to plugins (e.g. a loader event) and "
         "lets a draft class name the weight files it needs",
         spelled=("_prepare_weights",),
@@ -145,11 +127,9 @@ LEDGER: tuple[Private, ...] = (
     Private(
         name=INITIALIZE_MODEL_TARGET,
         where=INITIALIZE_MODEL_TARGET,
-        why="verify and the doctor's dry run build the draft class exactly as the loader does; "
-        "right after it builds a model, and before any weight is read, is where linear layers "
-        "built unquantized over quantized ModelSlim codes can be found",
-        how="called by the CPU tools under set_default_torch_dtype and a device context; an "
-        "AROUND hook (target_layers.py) checks the model it returns and passes it through",
+        why="the CPU tools build the draft class exactly as the loader does; right after it, "
+        "before any weight is read, layers built unquantized over codes can be found",
+        how="called by the CPU tools; an AROUND hook (target_layers.py) checks its model",
         remove_when="a public 'build model without weights' in sglang",
         spelled=("_initialize_model",),
         accessors=("INITIALIZE_MODEL_TARGET", "initialize_model"),
@@ -157,20 +137,15 @@ LEDGER: tuple[Private, ...] = (
     Private(
         name=QUANTIZATION_CONFIG_TARGET,
         where=QUANTIZATION_CONFIG_TARGET,
-        why="the draft's quant config decides whether the plugin acts; the CPU tools must get "
-        "the one the server gets; on NPU it writes the nested packed-module mapping "
-        "ModelSlimConfig reads, which lacks some fused layers of the model class (Qwen3.5's "
-        "in_proj_qkvz / in_proj_ba)",
-        how="called by the CPU tools with the draft's ModelConfig and LoadConfig; an AROUND hook "
-        "(target_layers.py) adds the class's missing packed names to the nested mapping of the "
-        "config it returns, only where the description quantizes their shards",
+        why="the draft's quant config decides whether the plugin acts; on NPU it writes the "
+        "nested packed-module mapping, which lacks some fused layers (Qwen3.5's in_proj_qkvz)",
+        how="called by the CPU tools; an AROUND hook (target_layers.py) adds the missing "
+        "packed names whose shards the description quantizes",
         remove_when="as _initialize_model",
         spelled=("_get_quantization_config",),
         accessors=("QUANTIZATION_CONFIG_TARGET", "quantization_config"),
         also_spelled_in=(
-            # the e2e server's shim wraps it (it runs inside sglang's server, before the
-            # plugin loads), its log line is what the e2e checks look for, and its test calls
-            # the wrapper and the function it wraps
+            # the e2e shim wraps it before the plugin loads; its checks and test read it
             "e2e/site/e2e_shim_modelslim.py",
             "e2e/checks.py",
             "test/e2e/test_e2e_shims.py",
@@ -181,9 +156,8 @@ LEDGER: tuple[Private, ...] = (
         where="sglang.srt.plugins.hook_registry.HookRegistry._patched",
         why="whether a registered hook was really applied in this process (Ray workers, "
         "a failed apply)",
-        how="read only, by tests that tell a registered hook from an applied one; the plugin "
-        "itself asks the installed wrappers (hooks_around): HookRegistry.reset() clears this "
-        "set while every wrapper stays installed",
+        how="read only, by tests; the plugin asks the installed wrappers (hooks_around), "
+        "since HookRegistry.reset() clears this set",
         remove_when="HookRegistry offers an is_applied(target) query",
         spelled=("_patched",),
         accessors=("patched_targets",),
@@ -196,23 +170,18 @@ LEDGER: tuple[Private, ...] = (
         name="HookRegistry's wrapper (_wrap_fn): its hook in the closure variable 'hook' "
         "(co_freevars), what it wraps in __wrapped__",
         where="sglang.srt.plugins.hook_registry._wrap_fn",
-        why="whether this package's hook is really on a draft class in this process: "
-        "HookRegistry's own record (_patched) is cleared by HookRegistry.reset() while the "
-        "wrappers stay installed, and says nothing of a wrapper someone removed",
-        how="read only: hooks_around(method) walks the installed wrappers and reads each "
-        "one's hook (ray_setup.inactive_targets, in the driver and in every Ray worker)",
-        remove_when="HookRegistry offers an is_applied(target) query that reads the "
-        "installed objects",
+        why="whether this package's hook is really on a draft class in this process "
+        "(_patched is cleared by reset(), and misses a removed wrapper)",
+        how="read only: hooks_around(method) walks the installed wrappers (ray_setup)",
+        remove_when="HookRegistry offers an is_applied(target) query on installed objects",
         spelled=("co_freevars",),
         accessors=("hooks_around",),
     ),
     Private(
         name="functools.wraps' __wrapped__ on HookRegistry's wrapper",
         why="the CLI loads a draft 'as stock sglang would', i.e. through the unhooked method",
-        how="unwrapped(method) is the original of a hooked load_weights: the tests, "
-        "benchmarks and the upstream runner load stock with it and tell hooked from stock; "
-        "the CLI switches the hook off instead, since a subclass override that calls super() "
-        "reaches the hooked parent (tools/verify)",
+        how="unwrapped(method) is the original of a hooked method, for tests and benchmarks; "
+        "the CLI switches the hook off instead (a subclass's super() reaches the hooked parent)",
         remove_when="HookRegistry keeps a public map target -> original",
         spelled=("__wrapped__",),
         accessors=("unwrapped",),
@@ -224,11 +193,9 @@ LEDGER: tuple[Private, ...] = (
     Private(
         name=VOCAB_WEIGHTS_TARGET,
         where=VOCAB_WEIGHTS_TARGET,
-        why="the one place an unquantized VocabParallelEmbedding / ParallelLMHead allocates its "
-        "weight: the draft's own embed_tokens / lm_head, which sglang's EAGLE worker swaps for "
-        "the target's only after the KV pool is sized, are made there",
-        how="AROUND hook: while a hooked draft class is built (draft_vocab.py) the original runs "
-        "under torch.device('meta'); everywhere else it runs untouched",
+        why="where the draft's own embed_tokens / lm_head allocate, which EAGLE swaps for the "
+        "target's only after the KV pool is sized",
+        how="AROUND hook: under torch.device('meta') while a hooked draft is built (draft_vocab)",
         remove_when="sglang's MTP/NextN drafts bind the target's vocab layers at construction "
         "(sglang #38147's way), or share them before the KV pool is sized",
         spelled=("UnquantizedEmbeddingMethod",),
@@ -239,15 +206,13 @@ LEDGER: tuple[Private, ...] = (
         where=RAY_LAUNCH_TARGET,
         why="sglang's Ray actors never call load_plugins(); the launch is the last moment "
         "the driver can make Ray run the plugin's setup hook in every worker",
-        how="BEFORE hook: initialises Ray with the setup hook, or asks the workers of an "
-        "already-initialised job whether the plugin's hook is applied and refuses the launch "
-        "when one says no",
+        how="BEFORE hook: initialises Ray with the setup hook, or asks an initialised job's "
+        "workers whether the hook is applied",
         remove_when="sglang's SchedulerActor calls load_plugins()",
         spelled=("_launch_scheduler_processes",),
         accessors=("RAY_LAUNCH_TARGET",),
         also_spelled_in=(
-            # these tests launch sglang's schedulers as its engines do (Engine's and
-            # RayEngine's method of that name), to see the hooks act in real processes
+            # these tests launch sglang's schedulers as its engines do
             "test/integration/test_processes.py",
             "test/integration/test_ray.py",
         ),
@@ -272,22 +237,17 @@ LEDGER: tuple[Private, ...] = (
     Private(
         name="sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments (through "
         "0.5.18 ServerArgs._handle_model_specific_adjustments)",
-        why="its DSA branch (DeepSeek-V3.2, GLM-5; and the overrides _dsa_kv_cache_dtype_default, "
-        "_dsa_split_backend_resolution) calls torch.cuda.get_device_capability() whenever the "
-        "platform is not NPU/XPU, which raises on a CPU box: the CPU tools could not publish a "
-        "ServerArgs for such a checkpoint",
-        how="not called: the CPU tools answer torch.cuda.get_device_capability() with (0, 0) "
-        "while they publish (tools/cpu_env.cuda_capability_answered); the serving plugin never "
-        "does",
+        why="its DSA branch (DeepSeek-V3.2, GLM-5) calls torch.cuda.get_device_capability() "
+        "off NPU/XPU, which raises on a CPU box",
+        how="not called: the CPU tools answer (0, 0) while they publish "
+        "(tools/cpu_env.cuda_capability_answered)",
         remove_when="sglang's DSA adjustment checks torch.cuda.is_available() first",
     ),
     Private(
         name="sglang.srt.layers.rotary_embedding.factory.get_rope_cpu",
         where="sglang.srt.layers.rotary_embedding.factory.get_rope_cpu",
-        why="sglang's CPU rope asserts deepseek_yarn scaling; the DSA indexer of GLM-5 (default "
-        "rope) takes that branch on a CPU box, so its draft class cannot be built there",
-        how="swapped, while the CPU tools build a draft, for a function that builds any other "
-        "rope with sglang's generic factory.get_rope (tools/cpu_env.generic_rope_on_cpu)",
+        why="sglang's CPU rope asserts deepseek_yarn scaling, which GLM-5's DSA indexer lacks",
+        how="swapped while the CPU tools build a draft (tools/cpu_env.generic_rope_on_cpu)",
         remove_when="sglang's CPU rope supports every rope type",
         spelled=("get_rope_cpu",),
         accessors=("cpu_rope_builder", "set_cpu_rope_builder", "generic_rope_builder"),
@@ -296,19 +256,14 @@ LEDGER: tuple[Private, ...] = (
         name="is_npu as the draft modules see it (qwen3_5_mtp, qwen3_next_mtp, glm4_moe_nextn, "
         "glm4_moe_lite_nextn)",
         why="each of these draft classes builds itself unquantized on NPU when the draft "
-        "quantization is unset (its _mtp_quant_config / __init__ clause); the doctor, on a CPU "
-        "box, must get the answer the Ascend server gets",
-        how="the module global is_npu answers True while the doctor builds the draft on the "
-        "meta device (tools/cpu_env.npu_quantization_rule); it is read there only by that "
-        "clause (and in forward, never run). Read by serving/upstream_fix.py too: sglang's "
-        "own fix (upstream/, PR 1) decodes in qwen3_5_mtp's load_weights only where it is true",
+        "quantization is unset; the doctor must get the answer the Ascend server gets",
+        how="answers True while the doctor builds the draft (tools/cpu_env."
+        "npu_quantization_rule); read by serving/upstream_fix.py too (upstream/ PR 1)",
         remove_when="sglang exposes the draft's quantization decision as a function",
         spelled=("is_npu",),
         accessors=("NPU_RULE_MODULES", "draft_module_is_npu", "set_draft_module_is_npu"),
         also_spelled_in=(
-            # the upstream e2e run's shim sets it inside sglang's server processes (before the
-            # plugin loads, and with the plugin off), and the line it logs naming it is what the
-            # e2e checks look for
+            # the upstream e2e run's shim sets it in sglang's servers; its checks read the log
             "e2e/site/e2e_shim_npu_check.py",
             "e2e/checks.py",
             # the branch's clause is checked in the patched tree's source text
@@ -318,29 +273,23 @@ LEDGER: tuple[Private, ...] = (
     Private(
         name=_RESOLVE_QUANT_PREFIX,
         where=_RESOLVE_QUANT_PREFIX,
-        why="the checkpoint name ModelSlimConfig looks a layer's scheme up under (its "
-        "language_model. and block_sparse_moe variants): the build-time check of target layers "
+        why="the name ModelSlimConfig looks a layer's scheme up under: the target-layer check "
         "must read the description entry sglang read",
-        how="called with a shard's prefix on the config sglang built (target_layers.py); before "
-        "0.5.18 ModelSlimConfig looks the prefix up as it is, which the accessor then does too",
+        how="called with a shard's prefix (target_layers.py); before 0.5.18, the prefix as is",
         checked_in=releases.since("0.5.18"),
         remove_when="ModelSlimConfig exposes its layer-to-description lookup publicly",
         spelled=("_resolve_quant_prefix",),
         accessors=("resolve_quant_prefix",),
-        # the test's stand-in for a later sglang's GDN fallback resolves prefixes as its
-        # ModelSlimConfig does, with sglang's own lookup
+        # the test's stand-in for a later sglang resolves prefixes with sglang's own lookup
         also_spelled_in=("test/e2e/test_target_layers.py",),
     ),
     Private(
         name=f"{_LOADER}._is_npu",
         where=f"{_LOADER}._is_npu",
-        why="_get_quantization_config adds the nested packed-module mapping that "
-        "ModelSlimConfig.get_quant_method reads for the fused qkv_proj / gate_up_proj only when "
-        "it is True; off NPU those layers get no ModelSlim scheme and take the raw int8 codes "
-        "as weights, so a quantized ModelSlim draft checked on a CPU box must be built with it",
+        why="_get_quantization_config adds the nested packed-module mapping only when it is "
+        "True: a ModelSlim draft checked on a CPU box must be built with it",
         how="answers True while the CPU tools build (or load) a draft as on NPU "
-        "(tools/cpu_env.npu_quantization_rule); that function's only other use of it skips the "
-        "CUDA capability check, which a CPU does not need",
+        "(tools/cpu_env.npu_quantization_rule)",
         remove_when="sglang applies its packed-module mapping on every platform",
         spelled=("_is_npu",),
         accessors=("loader_is_npu", "set_loader_is_npu"),
@@ -349,12 +298,10 @@ LEDGER: tuple[Private, ...] = (
     Private(
         name=f"{_NEXTN}._is_npu",
         where=f"{_NEXTN}._is_npu",
-        why="on NPU DeepSeek's NextN class (GLM-5's through it) builds its layer as "
-        "model.layers.<num_hidden_layers> when the draft is the target's folder, elsewhere as "
-        "model.decoder: the prefix ModelSlimConfig looks each layer's scheme up under",
+        why="on NPU DeepSeek's NextN class names its layer model.layers.<n>, elsewhere "
+        "model.decoder: the prefix ModelSlimConfig looks schemes up under",
         how="answers True while the CPU tools build a draft as on NPU "
-        "(tools/cpu_env.npu_quantization_rule); read there by that clause and the QuaRot "
-        "rot.safetensors read beside it (and in forward, never run)",
+        "(tools/cpu_env.npu_quantization_rule)",
         remove_when="sglang names the NextN layer the same way on every platform",
         spelled=("_is_npu",),
         accessors=("nextn_module_is_npu", "set_nextn_module_is_npu"),
@@ -362,22 +309,17 @@ LEDGER: tuple[Private, ...] = (
     Private(
         name="sglang.srt.plugins._get_excluded_dists",
         where="sglang.srt.plugins._get_excluded_dists",
-        why="the CLI tells the user whether sglang would load this plugin in their environment "
-        "(SGLANG_PLATFORM excludes the plugins of unselected platform packages)",
-        how="called by the CLI (tools/activation.py), its result passed to sglang's public "
-        "load_plugins_by_group",
+        why="the CLI tells the user whether sglang would load this plugin (SGLANG_PLATFORM)",
+        how="called by tools/activation.py, passed to sglang's public load_plugins_by_group",
         remove_when="sglang exposes 'which plugins would load' publicly",
         spelled=("_get_excluded_dists",),
         accessors=("excluded_plugin_dists",),
     ),
     Private(
         name=f"sglang.srt.layers.parameter.BasevLLMParameter.{V2_LOADER_ATTRIBUTE}",
-        why="the write recorder wraps every draft parameter's weight_loader for one load; the "
-        "parameters of quantized layers (compressed-tensors, ModelOpt, ... schemes) are "
-        "BasevLLMParameter, whose weight_loader is a read-only property over this attribute",
-        how="swapped for a wrapper that calls the original with the same arguments (one per "
-        "streamed draft name, set in this attribute: weight_loader_slot), and restored when "
-        "load_weights returns (guard/writes.py, through swap_weight_loader)",
+        why="the write recorder wraps every draft parameter's weight_loader; a "
+        "BasevLLMParameter's is a read-only property over this attribute",
+        how="swapped for a recording wrapper for one load (guard/writes.py, swap_weight_loader)",
         remove_when="sglang reports parameter writes to plugins, or the property gets a setter",
         spelled=(V2_LOADER_ATTRIBUTE,),
         accessors=("swap_weight_loader", "weight_loader_slot"),
@@ -387,17 +329,14 @@ LEDGER: tuple[Private, ...] = (
         "SpawnRanks)",
         why="the draft's launch path, revision and --download-dir inside a scheduler; the CPU "
         "tools publish a context as the scheduler does before building a class",
-        how="read in the server (context.draft_launch); published by the CPU tools. Per "
-        "release (the entries below): publish with SpawnRanks from 0.5.21, publish and "
-        "get_model/get_spec from 0.5.17, get_server_args from 0.5.15; the module itself from "
-        "0.5.14",
+        how="read in the server (context.draft_launch); published by the CPU tools (per "
+        "release: the entries below)",
         remove_when="load_weights receives its load config",
         spelled=("runtime_context",),
         accessors=("published_server_args", "draft_server_args", "publish_server_args"),
         where="sglang.srt.runtime_context.get_parallel",
         also_spelled_in=(
-            # the rank tests read each rank's parallel context (get_parallel), which the
-            # package never reads, and play the tokenizer's part (publish(role="tokenizer"))
+            # the rank tests read get_parallel and publish(role="tokenizer")
             "test/support/rank_worker.py",
             "test/integration/test_processes.py",
             "test/integration/test_ray.py",
@@ -417,8 +356,7 @@ LEDGER: tuple[Private, ...] = (
         why="0.5.17 split the server args into config bags; get_spec() is where the draft's "
         "path and quantization are read",
         how="publish_server_args / draft_server_args where they exist; before 0.5.17 the "
-        "ServerArgs itself holds the same fields (model_path, revision, download_dir, "
-        "load_format, speculative_draft_model_path, ...)",
+        "ServerArgs itself holds the same fields",
         remove_when="as runtime_context",
         checked_in=releases.since("0.5.17"),
         where="sglang.srt.runtime_context.get_spec",
@@ -445,11 +383,9 @@ LEDGER: tuple[Private, ...] = (
     ),
     Private(
         name="sglang.srt.layers.dp_attention.initialize_dp_attention(server_args, model_config)",
-        why="through 0.5.20 the model runner sets the attention-DP placement from the torch "
-        "process group, and every layer's communicator reads it while the class is built: the "
-        "CPU tools must set it as the runner does",
-        how="set_attention_dp_placement calls it when its signature takes model_config (from "
-        "0.5.21 the placement is derived from the published SpawnRanks)",
+        why="through 0.5.20 every layer's communicator reads the attention-DP placement the "
+        "model runner sets: the CPU tools must set it too",
+        how="set_attention_dp_placement calls it when its signature takes model_config",
         remove_when="0.5.20 leaves the supported range",
         spelled=("initialize_dp_attention",),
         accessors=("set_attention_dp_placement",),
@@ -508,9 +444,7 @@ def patched_targets() -> frozenset[str]:
 
 
 def hooks_around(function: Any) -> list[Any]:
-    """The hooks ``HookRegistry`` wrapped around ``function`` as installed now, outermost
-    first: each wrapper its ``_wrap_fn`` makes holds its hook in the closure variable ``hook``
-    and the function it wraps in ``__wrapped__``. Empty for a function no hook wraps."""
+    """The hooks ``HookRegistry`` wrapped around ``function`` as installed, outermost first."""
     hooks = []
     seen: set[int] = set()
     while function is not None and id(function) not in seen:
@@ -545,8 +479,7 @@ def expert_map(module: Any) -> Any:
 
 
 def weight_loader_slot(param: Any) -> str:
-    """The attribute of ``param`` that holds what ``param.weight_loader`` returns: itself on a
-    plain parameter, ``_weight_loader`` on a ``BasevLLMParameter`` (a read-only property)."""
+    """The attribute of ``param`` that holds what ``param.weight_loader`` returns."""
     if isinstance(getattr(type(param), "weight_loader", None), property):
         return V2_LOADER_ATTRIBUTE
     return "weight_loader"
@@ -554,8 +487,7 @@ def weight_loader_slot(param: Any) -> str:
 
 def swap_weight_loader(param: Any, loader: Any) -> Any:
     """Make ``loader`` what ``param.weight_loader`` returns; return the function that undoes
-    it. A plain parameter holds the attribute itself (or none: sglang's loaders then use
-    ``default_weight_loader``); a ``BasevLLMParameter`` answers it from a read-only property."""
+    it (an absent attribute, sglang's ``default_weight_loader``, is deleted again)."""
     slot = weight_loader_slot(param)
     if slot in vars(param):
         saved = vars(param)[slot]
@@ -570,10 +502,7 @@ def holds_global_experts(param: Any) -> bool:
 
 
 def published_server_args() -> Any | None:
-    """The ServerArgs published in this process (a scheduler, or the CLI), or None.
-
-    ``runtime_context.get_server_args`` from sglang 0.5.15; in 0.5.14 the same slot is
-    ``server_args.get_global_server_args`` (from 0.5.20 that name only raises, retired)."""
+    """The ServerArgs published in this process (a scheduler, or the CLI), or None."""
     from sglang.srt import runtime_context
 
     getter: Any = getattr(runtime_context, "get_server_args", None)
@@ -588,10 +517,7 @@ def published_server_args() -> Any | None:
 
 
 def draft_server_args() -> tuple[Any, Any]:
-    """``(model args, speculative args)`` of the published context; raises outside sglang.
-
-    From sglang 0.5.17 the ``runtime_context`` config bags ``get_model()`` / ``get_spec()``;
-    before, the published ServerArgs holds the same fields under the same names."""
+    """``(model args, speculative args)`` of the published context; raises outside sglang."""
     from sglang.srt import runtime_context
 
     if hasattr(runtime_context, "get_spec"):
@@ -603,12 +529,7 @@ def draft_server_args() -> tuple[Any, Any]:
 
 
 def publish_server_args(server_args: Any, role: str, world_rank: int) -> None:
-    """Publish ``server_args`` the way ``run_scheduler_process`` does.
-
-    sglang 0.5.21+: ``publish(..., ranks=SpawnRanks(world_rank))`` (VocabParallelEmbedding
-    and FusedMoE read their rank from it); 0.5.17-0.5.20: ``publish(args, role=...)`` (ranks
-    come from the torch process group); 0.5.14-0.5.16: ``set_global_server_args_for_scheduler``
-    (0.5.15-0.5.16 store it in ``runtime_context``, 0.5.14 in a module global)."""
+    """Publish ``server_args`` the way ``run_scheduler_process`` does (per release: LEDGER)."""
     from sglang.srt import runtime_context
 
     if hasattr(runtime_context, "SpawnRanks"):
@@ -623,14 +544,9 @@ def publish_server_args(server_args: Any, role: str, world_rank: int) -> None:
 
 
 def set_attention_dp_placement(server_args: Any, hidden_size: int, dtype: Any) -> None:
-    """Set sglang's attention-DP placement for this process as its model runner does.
-
-    Through sglang 0.5.20 ``initialize_dp_attention(server_args, model_config)`` computes it
-    from the torch process group (the model runner calls it after joining the parallel world;
-    every layer's communicator reads it while the class is built); from 0.5.21 it is derived
-    from the published ``SpawnRanks`` and nothing is to be done. Of the model config it reads
-    only ``hf_config.hybrid_override_pattern`` (NemotronH) and the hidden size and dtype of a
-    buffer used in forward, which the CPU tools never run."""
+    """Set sglang's attention-DP placement for this process as its model runner does (through
+    0.5.20; later it derives from ``SpawnRanks``). Of the model config it reads only what this
+    stand-in holds."""
     import inspect
     from types import SimpleNamespace
 

@@ -83,8 +83,7 @@ def resolve_offline(
 
 
 def _local_copy(loader: Any, path: str, revision: str | None) -> str:
-    """The local folder sglang's ``_prepare_weights`` starts from (``path``, its ModelScope or
-    Hugging Face copy), by sglang's own functions."""
+    """The local folder sglang's ``_prepare_weights`` starts from, by sglang's own functions."""
     from sglang.srt.model_loader.weight_utils import download_weights_from_hf
 
     local = sglang_private.modelscope_local_copy(loader, path, revision)

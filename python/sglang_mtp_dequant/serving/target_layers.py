@@ -6,19 +6,11 @@ Usage (``plugin.register`` arranges it in every sglang process)::
     supplied = supply_packed_names(quant_config)   # {"in_proj_qkvz": ["in_proj_qkv", ...]}
     unserved = unserved_layers(model, quant_config)  # [UnservedLayer(layer, shards, ...)]
 
-Why: a layer sglang builds with the unquantized method loads its shards' codes as weights:
-fused layers the NPU nested packed-module mapping lacks (Qwen3.5/3.6's Gated DeltaNet
-``in_proj_qkvz``), schemes ``ModelSlimConfig`` has no linear method for (W8A16, WFP8AFP8), and
-the Qwen3.5/3.6 vision tower sglang 0.5.23 builds with ``quant_config=None``. For a model built
-with a ModelSlim config (the target, a draft built quantized): after
-``_get_quantization_config`` a packed name of the class the nested mapping lacks, whose shards
-the description quantizes, is added unless sglang's own config resolves it
-(``resolved_by_sglang``) (one INFO line); after ``_initialize_model``, before any weight is
-read, every linear layer still unquantized over quantized shards, found by the prefix sglang
-built it with, is decoded as it streams (``target_stream``; a hooked draft's own load decodes
-its own) or, a scheme the plugin does not decode, stops the start-up with
-``UnservedLayerError`` naming layers, shards, schemes and what to do (docs/layouts.md, "Target
-layers"). A model built without a quant config (a draft built unquantized) is ``plugin.py``'s.
+Why: a layer sglang builds with the unquantized method loads its shards' codes as weights
+(fused layers the NPU nested mapping lacks, like Gated DeltaNet's ``in_proj_qkvz``; W8A16 and
+WFP8AFP8; the vision tower sglang 0.5.23 builds with ``quant_config=None``). Missing packed
+names are supplied; layers still unquantized over codes are decoded as they stream or refused
+before any weight is read (docs/layouts.md, "Target layers").
 """
 
 from __future__ import annotations
@@ -73,9 +65,7 @@ def flat_entries(mapping: Mapping[str, Any]) -> dict[str, list[str]]:
 
 
 def missing_packed_names(quant_config: Any) -> dict[str, list[str]]:
-    """The class's packed names sglang's nested ``model`` mapping lacks while the description
-    quantizes one of their shards and sglang's own lookup does not resolve them
-    (``resolved_by_sglang``); empty when sglang gave no nested mapping (off NPU)."""
+    """The class's packed names the nested mapping lacks; empty off NPU (no nested mapping)."""
     if not is_modelslim(quant_config):
         return {}
     mapping = quant_config.packed_modules_mapping or {}
@@ -95,8 +85,7 @@ def missing_packed_names(quant_config: Any) -> dict[str, list[str]]:
 
 
 def fused_prefix(description: Mapping[str, Any], name: str, shards: Sequence[str]) -> str | None:
-    """A prefix of fused layer ``name`` the description quantizes: the first quantized entry of
-    one of its ``shards``, with the shard's name replaced by ``name``."""
+    """The first quantized entry of one of ``shards``, renamed to fused layer ``name``."""
     suffixes = tuple(f".{shard}{WEIGHT}" for shard in shards)
     for key in description:
         if key.endswith(suffixes) and is_quantized(description[key]):
@@ -109,18 +98,13 @@ def _dropped(record: logging.LogRecord) -> bool:
 
 
 def resolved_by_sglang(quant_config: Any, name: str, shards: Sequence[str]) -> bool:
-    """Whether sglang's own config, with the mapping it has now, builds fused layer ``name``
-    with a ModelSlim scheme: asked as sglang asks when it builds the layer
-    (``get_quant_method`` for a ``LinearBase`` of a prefix the description quantizes).
+    """Whether sglang's own config builds fused layer ``name`` with a ModelSlim scheme, asked
+    as sglang asks (``get_quant_method`` on a bare ``LinearBase``).
 
-    Why by behaviour: sglang 0.5.14-0.5.23 answer with the unquantized method (or, 0.5.14, a
-    method with no scheme) and the plugin supplies ``name``; a later sglang whose
-    ``ModelSlimConfig`` falls back to the model class's own packed entries (sglang's
-    ``test_resolves_qwen35_gdn_packed_projections``) answers with a scheme, and the plugin
-    steps aside. The probe layer is a bare ``LinearBase``, as sglang's own test builds it; an
-    exception from sglang's lookup counts as "not resolved", and sglang raises it again at the
-    real build if supplying does not cure it. What sglang's config logs while asked is dropped:
-    the probe is not a layer sglang builds (0.5.23 would warn of an unsupported scheme)."""
+    Why by behaviour: a later sglang whose ``ModelSlimConfig`` falls back to the class's own
+    packed entries answers with a scheme and the plugin steps aside. A lookup exception counts
+    as "not resolved" (sglang raises it again at the real build); what the config logs while
+    asked is dropped, since the probe is not a layer sglang builds."""
     prefix = fused_prefix(quant_config.quant_description, name, shards)
     if prefix is None:
         return False
@@ -145,11 +129,8 @@ def resolved_by_sglang(quant_config: Any, name: str, shards: Sequence[str]) -> b
 def supply_packed_names(quant_config: Any) -> dict[str, list[str]]:
     """Add ``missing_packed_names`` to the config's nested ``model`` mapping; return them.
 
-    In place: on NPU the config's mapping is the model class's own ``packed_modules_mapping``
-    (the loader updates it in place), and the class hands that same dict to the config again
-    when it is built (``Qwen3_5ForCausalLM.__init__`` in ``qwen3_5_text.py``), so a copy would
-    be dropped. The nested dict completed is the one sglang's loader wrote in this call (it
-    writes a new one at every call).
+    In place: the class hands that same dict to the config again when it is built
+    (``Qwen3_5ForCausalLM.__init__``), so a copy would be dropped.
     """
     supplied = missing_packed_names(quant_config)
     if supplied:
@@ -163,9 +144,7 @@ class UnservedLayer:
 
     layer: str  # the prefix sglang built it with
     shards: tuple[ShardScheme, ...]
-    #: where sglang found the shards: the nested mapping it reads the scheme through
-    #: ("nested"), only the class's flat one ("class"), sglang's stacked names where no mapping
-    #: names the layer ("stacked"), or none (the layer is its own shard)
+    #: the table that named the shards (``shards_of``)
     found_by: str
     module: str = ""  # its path in the model (``visual.blocks.0.attn.qkv_proj``)
 
@@ -186,21 +165,16 @@ class UnservedLayer:
         return f"{self.layer}: {', '.join(str(s) for s in self.shards)}"
 
 
-#: the checkpoint names sglang's vision-tower loaders read a fused layer from (Qwen3-VL /
-#: Qwen3.5 ``load_weights`` rename ``attn.qkv`` to ``attn.qkv_proj``; the nested mapping
-#: ``_get_quantization_config`` writes for ``visual`` on NPU says the same)
+#: the checkpoint names sglang's vision-tower loaders read a fused layer from
 VISION_PACKED = {"qkv_proj": ["qkv"]}
 
 
 def shards_of(
     prefix: str, mapping: Mapping[str, Any], described: Callable[[str], bool]
 ) -> tuple[list[str], str]:
-    """The checkpoint prefixes of layer ``prefix`` (sglang's ``str.replace`` of its last name)
-    and which table named them: the nested mapping ``ModelSlimConfig`` reads ("nested"), the
-    class's flat one ("class"), the parts sglang's loaders stack where no mapping names them
-    ("stacked", ``parameter_names.DEFAULT_PACKED``: sglang's MTP classes before 0.5.21 declare
-    none), sglang's vision-tower names ("vision"), or the layer itself ("none"); the first
-    whose names the description lists (``described``), else the first."""
+    """The checkpoint prefixes of layer ``prefix`` and which table named them ("nested",
+    "class", "stacked", "vision" or "none"): the first whose names the description lists,
+    else the first."""
     proj = prefix.rpartition(".")[2]
     nested = mapping.get(nested_key(prefix))
     tables = (
@@ -218,14 +192,10 @@ def shards_of(
 
 @contextlib.contextmanager
 def recorded_prefixes(active: bool = True) -> Iterator[dict[int, str]]:
-    """While sglang builds a model: ``id(layer) -> prefix`` of every linear layer it builds,
-    quantization config or not (``LinearBase.__init__``'s ``prefix``, for this build only;
-    nothing is touched unless ``active``: a model no ModelSlim description concerns).
-    The prefix a layer was built with is the name its description entries are looked up
-    under; it need not be the module's path (an MTP draft's ``mtp.layers.0...`` under a module
-    ``model.layers.0...``, the vision tower's ``model.visual...`` under ``visual...``), and
-    sglang 0.5.23 builds the Qwen3.5/3.6 vision tower with ``quant_config=None``, so no config
-    is asked about it."""
+    """While sglang builds a model (if ``active``): ``id(layer) -> prefix`` of every linear
+    layer. The description is keyed by that prefix, which need not be the module's path (an MTP
+    draft's ``mtp.layers.0...`` under ``model.layers.0...``), and no config is asked about
+    a tower built with ``quant_config=None``."""
     import inspect
 
     from sglang.srt.layers.linear import LinearBase
@@ -252,11 +222,8 @@ def recorded_prefixes(active: bool = True) -> Iterator[dict[int, str]]:
 def unserved_layers(
     model: Any, quant_config: Any, prefixes: Mapping[int, str] | None = None
 ) -> list[UnservedLayer]:
-    """Every linear layer of ``model`` with the unquantized method while the description marks
-    a shard of it quantized, whether sglang asked the config about it or built it with none
-    (the Qwen3.5/3.6 vision tower). Reads the module tree and the parsed description only; a
-    layer's name is the prefix sglang built it with (``recorded_prefixes``), else its
-    ``prefix`` attribute, else its module path."""
+    """Every linear layer of ``model`` with the unquantized method over a quantized shard,
+    named by its build prefix (``recorded_prefixes``), else ``prefix``, else its path."""
     if not is_modelslim(quant_config):
         return []
     from sglang.srt.layers.linear import LinearBase
@@ -285,15 +252,12 @@ def unserved_layers(
 
 
 def on_npu(quant_config: Any) -> bool:
-    """Whether sglang gave the config its NPU nested packed-module mapping: only there does it
-    run ModelSlim's quantized linear methods (``model_loader/loader.py``)."""
+    """Whether the config has its NPU nested mapping: only there do ModelSlim methods run."""
     return isinstance((quant_config.packed_modules_mapping or {}).get(LANGUAGE_KEY), dict)
 
 
 def refused_layers(layers: Sequence[UnservedLayer], quant_config: Any) -> list[UnservedLayer]:
-    """The layers of ``layers`` the plugin cannot serve: off NPU all of them (the layers that
-    found their ModelSlim method cannot run there either), else those with a quantized shard
-    of a scheme the plugin does not decode; the others it decodes as they stream."""
+    """The layers the plugin cannot serve: off NPU all, else those it does not decode."""
     return list(layers) if not on_npu(quant_config) else [u for u in layers if not u.decodable]
 
 
@@ -370,10 +334,9 @@ def supplied_quantization_config(
 def checked_model(
     original: Callable[..., Any], model_config: Any, load_config: Any, *args: Any, **kwargs: Any
 ) -> Any:
-    """AROUND ``_initialize_model``: the built model, its layers built unquantized over codes
-    decoded as they stream (``target_stream``; a hooked draft's own load decodes its own,
-    ``load.LoadSetting``), or ``UnservedLayerError`` for those the plugin cannot serve (no
-    weight is read before it). A model with no such layer is returned untouched."""
+    """AROUND ``_initialize_model``: layers built unquantized over codes decoded as they
+    stream (a hooked draft's own load decodes its own), or ``UnservedLayerError`` before any
+    weight is read."""
     quant_config = kwargs.get("quant_config", args[0] if args else None)
     with recorded_prefixes(is_modelslim(quant_config)) as prefixes:
         model = original(model_config, load_config, *args, **kwargs)

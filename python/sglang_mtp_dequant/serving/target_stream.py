@@ -5,15 +5,10 @@ Usage (``target_layers.checked_model`` arranges it for the model sglang just bui
     decode_as_streamed(model, layers, model_config, load_config)
     model.load_weights(weights)   # the layers' codes arrive decoded, their companions dropped
 
-Why: sglang 0.5.23 builds the Qwen3.5/3.6 vision tower with ``quant_config=None``
-(``models/qwen3_vl.py``), and its ModelSlim config builds W8A16 or WFP8AFP8 layers with the
-unquantized method; each copies its int8 or float8 codes into a float weight and drops the
-scale. The cure is the draft's: the same plan (``formats/plan.py``) and stream transform
-(``stream.py``), restricted to the checkpoint names of those layers' quantized shards, around
-this one model object's ``load_weights`` (an attribute of the instance: no class, no other
-model is touched, so a checkpoint with no such layer loads exactly as stock). The plan is made
-on the first tensor, from the files sglang resolved for the model's path (``load.py``'s loader
-hook records them), before any tensor reaches sglang's loaders.
+Why: such a layer copies its int8 or float8 codes into a float weight and drops the scale. The
+cure is the draft's plan and stream transform, restricted to those layers' shards, around this
+one instance's ``load_weights``: no class or other model is touched, so a checkpoint with no
+such layer loads exactly as stock.
 """
 
 from __future__ import annotations
@@ -86,9 +81,8 @@ class StreamedLayers:
 def decode_as_streamed(
     model: Any, layers: Sequence[Any], model_config: Any, load_config: Any
 ) -> StreamedLayers:
-    """Make ``model.load_weights`` decode the quantized shards of ``layers``
-    (``target_layers.UnservedLayer``) as they stream, outside ``plugin.bypassed()`` (the CLI's
-    stock loads get sglang's own). Returns the decode; its ``stream`` is the newest load's."""
+    """Make ``model.load_weights`` decode the quantized shards of ``layers`` as they stream,
+    outside ``plugin.bypassed()``. Returns the decode; its ``stream`` is the newest load's."""
     decode = StreamedLayers(model, layers, model_config, load_config)
     original = model.load_weights
 

@@ -124,15 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         _parser().error(f"unrecognized arguments before --: {' '.join(flags)}")
     if args.path is None and not args.whole_command:
         _parser().error("give PATH, or the launch command after --")
+    args.path_in_command = args.path is None
     if args.path is None:
         from .launch import checkpoint_in
 
         args.path = checkpoint_in(args.launch_words)
         if args.path is None:
             _parser().error("the launch command after -- has no --model-path")
-        args.path_in_command = True
-    else:
-        args.path_in_command = False
     early = _preflight(args)
     if early is not None:
         print(early)

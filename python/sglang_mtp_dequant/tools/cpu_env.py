@@ -87,8 +87,7 @@ def vllm_placeholder() -> dict[str, types.ModuleType]:
 
 @contextlib.contextmanager
 def placeholder_vllm_rotary() -> Iterator[None]:
-    """A placeholder for the GPU rotary kernel ``RotaryEmbedding`` imports off CUDA (used only in
-    ``forward``; it raises if called)."""
+    """A placeholder for the GPU rotary kernel ``RotaryEmbedding`` imports (raises if called)."""
     if "vllm._custom_ops" in sys.modules:
         yield
         return

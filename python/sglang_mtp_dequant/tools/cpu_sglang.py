@@ -60,8 +60,7 @@ def init_world_size_one() -> None:
 
 
 def join_attention_dp() -> None:
-    """sglang's attention-DP placement for the published server arguments, as its model
-    runner sets it."""
+    """sglang's attention-DP placement for the published server arguments, as its runner sets it."""
     sglang_private.set_attention_dp_placement(
         sglang_private.published_server_args(), hidden_size=1, dtype=torch.bfloat16
     )
@@ -101,8 +100,7 @@ def build_draft(
     device: str | torch.device = "cpu",
     adjust_quant_config: Callable[[Any], None] | None = None,
 ) -> torch.nn.Module:
-    """sglang's own draft class for ``model_config``, built as ``DefaultModelLoader`` does, on
-    ``device``; ``adjust_quant_config`` gets the quantization config first."""
+    """sglang's own draft class for ``model_config``, built as ``DefaultModelLoader`` does."""
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.model_loader.utils import set_default_torch_dtype
 
@@ -132,8 +130,7 @@ def sglang_own(target: str) -> Callable[..., Any]:
 def sglang_weights(
     model_config: ModelConfig, model: torch.nn.Module, download_dir: str | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The weight stream sglang's ``DefaultModelLoader`` gives ``model.load_weights`` (it
-    resolves the checkpoint when first advanced)."""
+    """The weight stream sglang's ``DefaultModelLoader`` gives ``model.load_weights``."""
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.model_loader.loader import DefaultModelLoader
 

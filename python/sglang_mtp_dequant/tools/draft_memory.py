@@ -8,15 +8,10 @@ Usage::
     vocab_copy_bytes(built.model)                      # the draft's own embed_tokens + lm_head
     size_text(851_443_712)                             # "812.0 MiB"
 
-Why on the meta device: sglang's own class, built for the launch (its quantization config,
-its parallel sizes), allocates exactly these parameters on the device; on ``meta`` they have
-their shapes and dtypes and take no memory, so a full-size draft is counted on any CPU. The
-embedding and lm_head (``DraftSpec.from_target``) are counted apart: sglang's EAGLE worker
-replaces them with the target's (``set_embed_and_head``), but only after the KV pool is sized,
-so stock sglang holds them then (``vocab_copy_bytes``) and the plugin never allocates them
-(``serving/draft_vocab.py``): ``draft_parameter_bytes`` is what the draft holds at KV sizing
-with the plugin. What the NPU kernels do to the parameters after loading (format casts) is not
-counted: the figure is what sglang's layers create.
+Why on the meta device: sglang's own class, built for the launch, has exactly the parameters
+it would allocate, with no memory taken, so a full-size draft is counted on any CPU. The
+embedding and lm_head are counted apart (``vocab_copy_bytes``): stock holds them at KV sizing,
+the plugin never allocates them (``serving/draft_vocab.py``).
 """
 
 from __future__ import annotations
@@ -46,10 +41,8 @@ def draft_parameter_bytes(model: torch.nn.Module, from_target: Iterable[str] = F
 
 
 def vocab_copy_bytes(model: torch.nn.Module, from_target: Iterable[str] = FROM_TARGET) -> int:
-    """The bytes of the parameters the draft takes from the target (its own vocab-sized
-    ``embed_tokens`` / ``lm_head`` on this rank): what stock sglang 0.5.14-0.5.23 still holds
-    when the KV pool is sized, since the EAGLE worker shares them only afterwards, and what the
-    plugin never allocates (``draft_vocab.held_back`` counts the same bytes on a build)."""
+    """The bytes of the parameters the draft takes from the target on this rank: what stock
+    sglang still holds when the KV pool is sized, and what the plugin never allocates."""
     taken = tuple(from_target)
     return sum(
         p.numel() * p.element_size()
@@ -70,8 +63,7 @@ def bytes_by_dtype(
 
 
 def size_text(count: int) -> str:
-    """Bytes as ``"812.0 MiB"`` / ``"1.53 GiB"`` (binary units), with the exact count beside
-    it in reports."""
+    """Bytes as ``"812.0 MiB"`` / ``"1.53 GiB"`` (binary units)."""
     if count >= 1 << 30:
         return f"{count / (1 << 30):.2f} GiB"
     if count >= 1 << 20:

@@ -81,8 +81,7 @@ def build_meta_draft(
     launch: Launch | None = None,
     adjust_quant_config: Callable[[Any], None] | None = None,
 ) -> Built:
-    """sglang's draft for the checkpoint in ``folder`` on ``meta``, for ``launch`` (default: NPU,
-    no flags); raises what sglang raises."""
+    """sglang's draft for ``folder`` on ``meta``, for ``launch``; raises what sglang raises."""
     from .cpu_sglang import build_draft, draft_model_config, prepare_cpu_process
     from .launch import default_launch
     from .target_check import rmsnorm_kept

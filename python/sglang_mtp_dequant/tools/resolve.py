@@ -23,8 +23,7 @@ from .cpu_env import ensure_torchvision_importable
 def resolve_checkpoint(
     path: str, *, download_dir: str | None = None, revision: str | None = None
 ) -> WeightSource:
-    """The folder and weight files sglang would load for ``path`` (``CheckpointFormatError``:
-    neither a folder nor a cached hub model)."""
+    """The folder and weight files sglang would load for ``path`` (``CheckpointFormatError``)."""
     ensure_torchvision_importable()
     try:
         import sglang.srt.model_loader.loader  # noqa: F401

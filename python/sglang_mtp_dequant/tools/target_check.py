@@ -6,13 +6,9 @@ Usage::
     report.problems()   # ["target Qwen3_5ForCausalLM: ... refused at start-up ..."]
     report.notes()      # ["... in_proj_qkvz = in_proj_qkv + in_proj_z ... the plugin supplies ..."]
 
-Why: the draft is one part of the user's launch; a target layer stock sglang builds with the
-unquantized method over int8 codes (msmodelslim's Qwen3.6 recipe's Gated DeltaNet projections on
-NPU) serves garbage however the draft loads. The answer comes from sglang itself: the target's
-``ModelConfig`` from the user's flags, sglang's own ``_get_quantization_config`` and
-``_initialize_model`` (stock, unhooked) under the platform the flags name, the class built on
-the meta device; then the plugin's two steps (``serving/target_layers.py``) on that config.
-Only NPU is checked: sglang runs ModelSlim's quantized linear methods nowhere else.
+Why: a target layer built unquantized over int8 codes serves garbage however the draft loads.
+The answer comes from sglang's own unhooked build on the meta device under the launch's platform
+(NPU only: ModelSlim's quantized methods run nowhere else), then ``serving/target_layers.py``.
 """
 
 from __future__ import annotations
@@ -47,8 +43,7 @@ class TargetCheck:
     #: still unquantized over codes once supplied: decoded as they stream, or refused
     decoded: list[UnservedLayer] = field(default_factory=list)
     refused: list[UnservedLayer] = field(default_factory=list)
-    #: what the operator can do about ``refused`` (``target_layers.remedy``, read under the
-    #: launch's platform: its mapping is gone after)
+    #: what the operator can do about ``refused``, read under the launch's platform
     remedy: str = ""
     #: (model, ModelConfig): sglang's meta build the check read (verify loads its layers)
     built: tuple[Any, Any] | None = field(default=None, repr=False)
@@ -72,8 +67,7 @@ class TargetCheck:
         ]
 
     def outcome(self) -> TargetOutcome | None:
-        """The target's part of a launch form's answer (the doctor's form table), or None when
-        stock sglang builds every target layer right (or the target was not checked)."""
+        """The target's cell of the doctor's form table, or None when stock builds it right."""
         if self.not_checked or not self.stock:
             return None
         served = len(self.stock) - len(self.refused)
@@ -166,9 +160,7 @@ def check_target(folder: str, launch: Launch) -> TargetCheck:
 
 @contextlib.contextmanager
 def rmsnorm_kept() -> Iterator[None]:
-    """``RMSNorm`` as it was before: sglang's ``ModelSlimConfig`` patches the class for the whole
-    process when a description lists a ``norm.bias`` (a zero bias on every norm built after),
-    and the check must leave the drafts this process builds next as they were."""
+    """``RMSNorm`` restored: ``ModelSlimConfig`` patches it process-wide for a ``norm.bias``."""
     from sglang.srt.layers.layernorm import RMSNorm
 
     saved = {k: RMSNorm.__dict__[k] for k in ("__init__", "forward_npu") if k in RMSNorm.__dict__}
@@ -189,10 +181,9 @@ def _quantization_config() -> Any:
 def _build_on_meta(
     model_config: Any, load_config: Any, quant_config: Any
 ) -> tuple[Any, dict[int, str]]:
-    """sglang's own (unhooked) build of the target on the meta device, and the prefix each
-    layer was built with. MoE layers whose experts the description marks all FLOAT are built as
-    the plugin has sglang build them (``float_layers``): stock stops there (sglang #34211), and
-    the linear layers, what this check reads, are the same either way."""
+    """sglang's own (unhooked) build of the target on the meta device, and each layer's build
+    prefix. All-FLOAT MoE layers are built as the plugin has them (``float_layers``): stock
+    stops there (sglang #34211), and the linear layers this check reads are the same."""
     import functools
     import importlib
 
@@ -217,10 +208,8 @@ def _build_on_meta(
 def report_into(
     notes: list[str], problems: list[str], folder: str, launch: Launch
 ) -> TargetCheck | None:
-    """``check_target``'s notes and problems added to a doctor or verify report. A target
-    sglang cannot build on this CPU (a config the draft needs not, an NPU op looked up at build
-    time) adds nothing to the report: the draft's answer stands, and the reason goes to the
-    tool's log (it is sglang's failure here, not the checkpoint's)."""
+    """``check_target``'s notes and problems added to a report. A target sglang cannot build
+    on this CPU adds nothing: it is sglang's failure here, not the checkpoint's, and is logged."""
     try:
         check = check_target(folder, launch)
     except Exception as exc:  # noqa: BLE001 - sglang's own failure to build, logged as is

@@ -87,8 +87,7 @@ def inspect_parameters(
 
 
 def check_loaded_draft(model: torch.nn.Module, load: DraftLoadRecord) -> list[Finding]:
-    """Run both checks on a draft sglang just loaded; raise, warn or pass (silently) per the
-    mode."""
+    """Run both checks on a draft sglang just loaded; raise, warn or pass per the mode."""
     mode = guard_mode()
     if mode == "off":
         return []
@@ -134,8 +133,7 @@ def check_loaded_draft(model: torch.nn.Module, load: DraftLoadRecord) -> list[Fi
 
 
 def _built_as(load: DraftLoadRecord) -> str | None:
-    """``compressed_tensors; config.json: compressed-tensors (pack-quantized)``, None for a draft
-    built unquantized."""
+    """``compressed_tensors; config.json: ...``, None for a draft built unquantized."""
     if load.quantization is None:
         return None
     declared = load.plan.checkpoint.declared if load.plan is not None else None

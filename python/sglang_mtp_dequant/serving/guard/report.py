@@ -123,8 +123,7 @@ class SourceIndex:
 
 
 class MisloadedDraftError(DraftWeightError):
-    """A loaded draft that would serve garbage: codes in its float parameters, or parameters
-    sglang's loaders left unwritten."""
+    """A loaded draft with codes in its float parameters, or parameters left unwritten."""
 
     def __init__(
         self,

@@ -71,9 +71,7 @@ class _Credited(functools.partial):
 
 class WriteRecorder:
     """Records every write sglang's loaders make into the draft's parameters, for one load: the
-    parameter whose ``weight_loader`` sglang called, credited to the draft name the stream handed
-    on last when sglang read that loader; the part written (a stacked linear's shard, a
-    FusedMoE's (local expert, shard), else all of it)."""
+    part written, credited to the draft name the stream handed on last when the loader was read."""
 
     def __init__(self, model: torch.nn.Module, from_target: Iterable[str] = ()) -> None:
         from_target = tuple(from_target)
@@ -123,8 +121,7 @@ class WriteRecorder:
         self._credit_written_without_loader()
 
     def on_streamed(self, name: str, tensor: torch.Tensor) -> None:
-        """The stream hands draft tensor ``name`` on: every loader sglang reads until the next
-        draft name credits it."""
+        """The stream hands ``name`` on: loaders read until the next name are credited to it."""
         self._streamed[name] = None
         for tap in self._taps:
             tap.attributes[tap.slot] = _Credited(tap.call, name)
@@ -222,8 +219,7 @@ def optional_parameters(model: torch.nn.Module) -> set[str]:
 
 
 def _concatenated_with(parameter: str, source: str, streamed: Iterable[str]) -> list[str]:
-    """``source`` and, for a ``CONCATENATED`` parameter, its streamed partners (the part's token
-    swapped)."""
+    """``source`` and, for a ``CONCATENATED`` parameter, its streamed partners."""
     parts = CONCATENATED.get(parameter.rpartition(".")[0].rpartition(".")[2])  # <module>.weight
     if not parts:
         return [source]
@@ -277,8 +273,7 @@ def _part_reader(module: Any) -> Callable[[tuple, dict], tuple | None]:
 
 
 def _expected_parts(module: Any, name: str) -> set[tuple] | None:
-    """Every part a complete load writes into parameter ``name`` of its loader's ``module``;
-    None: one write is complete."""
+    """Every part a complete load writes into parameter ``name``; None: one write is complete."""
     if module is not None and expert_map(module) is not None:
         last = name.rpartition(".")[2]
         shards = (

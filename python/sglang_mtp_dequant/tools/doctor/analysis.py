@@ -175,8 +175,7 @@ def _tensors(report: Diagnosis, asked: _Asked, plan: DequantPlan, is_draft: Name
 
 
 def _who_decodes(report: Diagnosis, asked: _Asked, is_draft: NameRule) -> DequantPlan | None:
-    """Which codes the plugin decodes and whether sglang would load the plugin; returns a
-    quantized draft's plan of its plain parts."""
+    """Which codes the plugin decodes and whether sglang loads it; a quantized draft's plan."""
     spec, built = asked.spec, asked.built
     codes = [t for t in report.tensors if t.codes and t.action != "pass"]
     report.plugin_acts = spec is not None and (built is None or built.quant_config is None)
@@ -342,8 +341,7 @@ def _describe_build(report: Diagnosis, built: Built, launch: Launch | None) -> N
 def _plain_parts(
     report: Diagnosis, built: Built, ckpt: Checkpoint, is_draft: NameRule
 ) -> DequantPlan:
-    """A quantized draft: the plugin's plan for the tensors of its plain parts, which no
-    quantization method reads; their rows replace the 'pass' rows."""
+    """A quantized draft: the plan for its plain parts; their rows replace the 'pass' rows."""
     from ...serving.plain_parts import feeds_plain_linear, plain_linears
 
     linears = plain_linears(built.model)
@@ -510,8 +508,7 @@ def _dry_run(
 def _stock_dry_run(
     report: Diagnosis, built: Built, ckpt: Checkpoint, spec: DraftSpec | None
 ) -> None:
-    """Stock sglang's loader on the same meta draft: what it raises, or, for a quantized draft,
-    the float parameters it leaves unwritten or fills with raw codes."""
+    """Stock sglang's loader on the same meta draft: what it raises, or what it leaves wrong."""
     from ..dryrun import simulate_load
 
     try:

@@ -75,8 +75,7 @@ def _answer(form: Form, answer: Diagnosis) -> FormAnswer:
 
 
 def recommend(answers: list[FormAnswer]) -> str:
-    """The form(s) with the least draft memory among those the plugin serves right, and how much
-    less than the largest."""
+    """The form(s) with the least draft memory the plugin serves right, and how much less."""
     serving = [a for a in answers if a.plugin_serves and a.draft_bytes is not None]
     if not serving:
         return "none: no form serves this checkpoint right (see the forms above)"

@@ -165,7 +165,8 @@ class Diagnosis:
         if decoded:
             return (
                 f"{said}; the plugin decodes {', '.join(decoded)} (layers it builds "
-                "unquantized: no quantization method reads their codes) and every parameter is filled"
+                "unquantized: no quantization method reads their codes) and every parameter is "
+                "filled"
             )
         return f"{said}; every parameter is filled, the plugin only checks the load"
 

@@ -5,11 +5,8 @@ Usage::
     report = run_verify("/ckpt")                      # or a cached hub id, download_dir=...
     report = run_verify("acme/q35-w8a8", download_dir="/data/hub", reference="mtp.safetensors")
 
-The stock load (the hook bypassed), the reference load (stock, fed an *independent*
-dequantization of every weight the plugin would decode, ``independent.py``) and the plugin
-load run in one process, the way an sglang scheduler runs them; every draft parameter the
-plugin load wrote must equal the reference load bit for bit. The steps and the memory it
-takes, on ``run_verify``.
+Every draft parameter the plugin load wrote must equal the reference load (stock, fed an
+*independent* dequantization, ``independent.py``) bit for bit; the steps on ``run_verify``.
 """
 
 from __future__ import annotations
@@ -54,24 +51,17 @@ def run_verify(
 ) -> VerifyReport:
     """Resolve, build, load three (or four) ways, compare.
 
-    ``launch``: the user's sglang launch flags (``tools/launch.py``); None: as on NPU with the
-    draft quantization unset. In one process, as an sglang scheduler: resolve the checkpoint
-    with sglang's own loader (offline), publish the server context, ``load_plugins()``, build
-    the draft class sglang's ``ModelConfig`` picks (``is_draft_model=True``), then load it
-    through sglang's ``DefaultModelLoader`` stream (only the file holding the draft's tensors
-    when there is one, with sglang's ``allow_patterns_overrides``; else every file):
+    ``launch``: the user's sglang launch flags (None: as on NPU). In one process, as an sglang
+    scheduler, the draft class sglang picks is built and loaded through sglang's own stream:
 
-    - **stock**: the class's ``load_weights`` with the hook bypassed (``plugin.bypassed``);
-    - **reference**: the same stock method, fed the checkpoint with every weight the plugin would
-      decode replaced by an *independent* dequantization (``independent.py``: whole-tensor fp32
-      formulas, rounded once to the draft dtype), so sglang's own stacking and sharding place it;
+    - **stock**: ``load_weights`` with the hook bypassed (``plugin.bypassed``);
+    - **reference**: the same stock method, fed each weight the plugin would decode as an
+      *independent* fp32 dequantization rounded once, so sglang's own stacking places it;
     - **plugin**: ``load_weights`` as hooked by ``load_plugins()``;
-    - with ``reference=``: the stock method fed the original float weights, for the error against
-      them.
+    - with ``reference=``: the stock method fed the original float weights.
 
-    Memory: the draft in its dtype, estimated on the ``meta`` device before anything is allocated,
-    plus one copy of the draft's own parameters per extra load (the embedding and lm_head, which it
-    takes from the target, are not compared).
+    Memory: the draft (estimated on the ``meta`` device first), plus one copy of its own
+    parameters per extra load.
     """
     from ..cpu_sglang import build_draft
     from ..launch import DEFAULT_ANSWER
@@ -98,8 +88,7 @@ def run_verify(
 
 @dataclass
 class _Session:
-    """What the steps of one verify share: sglang's resolution, the launch, the draft's
-    ``ModelConfig``."""
+    """What the steps of one verify share."""
 
     source: WeightSource
     launch: Launch
@@ -111,8 +100,7 @@ class _Session:
 def _inputs_usable(
     report: VerifyReport, path: str, download_dir: str | None, reference: str | None
 ) -> bool:
-    """The path and ``--reference`` checked before anything is imported or loaded; a problem
-    goes into the report."""
+    """The path and ``--reference`` checked before anything is imported or loaded."""
     wrong = check_model_path(path, download_dir=download_dir)
     if wrong is None and reference is not None:
         wrong = check_reference(reference)
@@ -152,8 +140,7 @@ def _start_sglang(
 
 
 def _hooked_spec(report: VerifyReport, session: _Session) -> DraftSpec | None:
-    """The hooked spec of the class sglang builds, its size estimated on the meta device; None
-    (said in the report) for a class the plugin does not hook or a hook not applied."""
+    """The hooked spec of the class sglang builds (sized on the meta device), or None."""
     from ..cpu_sglang import build_draft
 
     with session.launch.platform():
@@ -185,10 +172,8 @@ def _hooked_spec(report: VerifyReport, session: _Session) -> DraftSpec | None:
 def _plan(
     report: VerifyReport, session: _Session, model: torch.nn.Module, spec: DraftSpec
 ) -> tuple[DequantPlan, dict[str, torch.Tensor]] | None:
-    """The plugin's plan for the built draft (its ``LoadSetting``: a draft built quantized
-    decodes its plain ``nn.Linear`` parts only), the files sglang will stream, and the
-    companions the reference decodes with; None (a problem in the report) when ``--reference``
-    holds none of the tensors the plugin decodes."""
+    """The plugin's plan for the built draft and the companions the reference decodes with;
+    None (a problem in the report) when ``--reference`` holds none of the decoded tensors."""
     setting = LoadSetting.of(model, spec.draft_names(model))
     report.built_quantized = setting.quantization
     source = session.source
@@ -196,8 +181,7 @@ def _plan(
     plan = DequantPlan.build(ckpt)
     draft_files = sorted({info.file for info in ckpt.tensors.values()})
     if len(draft_files) == 1 and report.built_quantized is None:
-        # sglang's own file filter: its loader globs this (relative) name only. It stops at the
-        # first pattern that matches, so several files cannot be named one pattern each.
+        # sglang's own file filter (it stops at the first pattern that matches: one file only)
         cast(Any, model).allow_patterns_overrides = [os.path.relpath(draft_files[0], source.folder)]
         report.files_streamed = draft_files
     else:
@@ -293,8 +277,7 @@ def _bytes(params: Iterable[torch.Tensor]) -> int:
 
 
 def _load(model: torch.nn.Module, spec: DraftSpec, weights: Weights, *, hooked: bool) -> Loaded:
-    """One load into NaN-filled parameters, through the class's own ``load_weights`` with the
-    plugin's hook in place (``hooked``) or bypassed (stock sglang)."""
+    """One load into NaN-filled parameters, hooked or stock."""
     for name, param in model.named_parameters():
         if param.is_floating_point() and not _from_target(name, spec):
             param.data.fill_(float("nan"))

@@ -4,11 +4,8 @@ Usage::
 
     target_rows(report, check, source)   # check: target_check's TargetCheck of the launch
 
-Per layer the plugin decodes as it streams (``serving/target_stream.py``), what sglang's own
-``load_weights`` put in its weight stock and with the plugin, against the independent decode
-(``independent.py``, rounded once to the layer's dtype, placed by the same stock load). Only
-those layers' parameters leave the meta device of the target check's build, and only their
-checkpoint tensors stream: the rest of a target is never allocated.
+Per layer the plugin decodes as it streams, what sglang's ``load_weights`` put in its weight
+stock and with the plugin, against the independent decode; only those layers are allocated.
 """
 
 from __future__ import annotations
