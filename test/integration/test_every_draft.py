@@ -239,7 +239,7 @@ def test_a_quantized_draft_left_with_codes_or_holes_is_refused_naming_the_parame
     load_as, cli_json, tmp_path, case
 ):
     """(b) codes in a plain float parameter (a norm) whose scale nothing read; (a) a parameter a
-    quantization method owns left unwritten. The load is refused, and the doctor says so first (exit 1)."""
+    quantization method owns left unwritten. The load is refused; the doctor says so first."""
     fixture, edit, parameter = BROKEN_QUANTIZED[case]
     folder = edited(ct(fixture), tmp_path / "ckpt", **edit)
     with pytest.raises(MisloadedDraftError) as caught:
