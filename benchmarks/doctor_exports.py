@@ -40,6 +40,8 @@ EXPORTS = (
     (os.path.join(MODELSLIM, "q35_dense_w8a16_asym"), "Qwen3.5 dense, W8A16"),
     (os.path.join(MODELSLIM, "q35_dense_wfp8afp8_dynamic"), "Qwen3.5 dense, WFP8AFP8_DYNAMIC"),
     (os.path.join(MODELSLIM, "q35_dense_w4a8_dynamic"), "Qwen3.5 dense, W4A8_DYNAMIC"),
+    (os.path.join(E2E, "vl_hybrid"), "Qwen3.6 VL dense hybrid, vision tower W8A8_DYNAMIC"),
+    (os.path.join(E2E, "vl_moe"), "Qwen3.5 VL MoE, vision tower W8A8_DYNAMIC, experts FLOAT"),
 )
 NPU = ("--device", "npu", "--speculative-algorithm", "EAGLE")
 

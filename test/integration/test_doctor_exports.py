@@ -12,8 +12,10 @@ loader: the stock column (plugin off) and the plugin column. The exports:
   NextN layer quantized as bundled and FLOAT as the shipped GLM recipe writes it
   (``*_nextn_float``, written by ``_gen/nextn_float.py``);
 - the dense exports of schemes sglang's ModelSlim has no linear scheme for (W8A16, WFP8AFP8,
-  W4A8_DYNAMIC): their stock column here; their plugin column under F2 / F4 follows
-  ``serving/plain_parts.py``, which another change extends, and is checked at its merge.
+  W4A8_DYNAMIC): under F2 / F4 sglang builds those layers unquantized and the plugin decodes
+  their codes (``serving/plain_parts.py``), as it does under F1 / F3;
+- the bundled Qwen3.5/3.6 VL exports (``e2e/vl_*``), whose vision tower sglang builds
+  unquantized over W8A8_DYNAMIC codes in every form.
 """
 
 from __future__ import annotations
@@ -64,14 +66,15 @@ EXPORTS = {
         (KEY_ERROR, True), ("serves garbage (1 float parameter(s)", True)
     ),
     "modelslim/deepseek_v3_w8a8_dynamic_mix_nextn_float": cells((RIGHT, True), (FLOAT_STOP, True)),
-}
-#: export -> form -> the stock column (the plugin's F2 / F4 cells: see the module docstring)
-STOCK_ONLY = {
-    "modelslim/q35_dense_w8a16_asym": cells((GARBAGE, True), (GARBAGE, None)),
-    "modelslim/q35_dense_wfp8afp8_dynamic": cells((GARBAGE, True), (GARBAGE, None)),
+    # F2 / F4: sglang's ModelSlim has no linear scheme for these and builds the layers unquantized
+    "modelslim/q35_dense_w8a16_asym": cells((GARBAGE, True), (GARBAGE, True)),
+    "modelslim/q35_dense_wfp8afp8_dynamic": cells((GARBAGE, True), (GARBAGE, True)),
     "modelslim/q35_dense_w4a8_dynamic": cells(
-        (f"{STOPS} (its loader: AssertionError", True), (f"{STOPS} (its loader: Assert", None)
+        (f"{STOPS} (its loader: AssertionError", True), (f"{STOPS} (its loader: Assert", True)
     ),
+    # the vision tower: unquantized over codes in every form (the target's cell says images)
+    "e2e/vl_hybrid": cells((GARBAGE, True), ("serves garbage (at the target)", True)),
+    "e2e/vl_moe": cells(*[(f"{STOPS} (at the target)", True)] * 2),
 }
 
 
@@ -88,15 +91,14 @@ def doctor(export: str, key: str):
 
 
 @pytest.mark.parametrize("key", sorted(FORMS))
-@pytest.mark.parametrize("export", sorted({**EXPORTS, **STOCK_ONLY}))
+@pytest.mark.parametrize("export", sorted(EXPORTS))
 def test_every_export_in_every_form(export, key):
-    stock, serves = {**EXPORTS, **STOCK_ONLY}[export][key]
+    stock, serves = EXPORTS[export][key]
     report = doctor(export, key)
     assert report.form == f"{key} ({FORMS[key].label})"
     assert report.stock_outcome.startswith(stock), report.stock_outcome
     assert report.stock_serves is (stock == RIGHT)
-    if serves is not None:
-        assert (report.verdict == "ok") is serves, report.problems + report.unchecked
+    assert (report.verdict == "ok") is serves, report.problems + report.unchecked
     if report.verdict != "ok" and FORMS[key].draft_built:  # a quantized draft that cannot serve
         assert all(WAY_OUT in problem for problem in report.problems), report.problems
     assert report.unchecked == [], report.unchecked  # every cell answered, none left open
@@ -175,9 +177,25 @@ def test_each_form_line_shows_the_target_and_the_memory_stock_holds_besides():
     assert max(len(line) for line in text.splitlines()) <= 600
 
 
+@pytest.mark.parametrize("export", ["e2e/vl_hybrid", "e2e/vl_moe"])
+def test_every_form_says_the_vision_towers_images(export):
+    """Issue 49: each form's target cell says stock's tower loads raw codes and the plugin's
+    images are answered right (it decodes the tower's three layers as they stream); the MoE
+    export's FLOAT experts stop stock first."""
+    folder = folder_of(export)
+    report = diagnose(folder, launch=parse_launch(folder, list(NPU)), forms=True)
+    assert [a.key for a in report.forms] == ["F1", "F2", "F3", "F4"]
+    for answer in report.forms:
+        assert answer.target.endswith(
+            "stock 3 target layer(s) load raw codes, with the plugin 3 target layer(s) served "
+            "right (3 decoded as they stream): images answered right"
+        ), answer.target
+        assert ("FLOAT experts" in answer.target) == ("moe" in export)
+
+
 def test_the_results_table_is_made_of_the_cells_asserted_here():
     """docs/results.md's table (``benchmarks/doctor_exports.py``) lists exactly these exports."""
     import doctor_exports
 
     listed = {os.path.abspath(folder) for folder, _ in doctor_exports.EXPORTS}
-    assert listed == {os.path.abspath(folder_of(e)) for e in {**EXPORTS, **STOCK_ONLY}}
+    assert listed == {os.path.abspath(folder_of(e)) for e in EXPORTS}
