@@ -20,19 +20,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from support.paths import E2E, ROOT
+from support.sglang_load import run_load_script
 
 FLOAT_EXPERTS = os.path.join(E2E, "moe_float_experts")
 W8A8 = os.path.join(E2E, "moe_w8a8")
-SITE = os.path.join(ROOT, "e2e", "site")
 SHARD = "quant_model_weights-00001-of-00001.safetensors"
 EXPERTS = "mtp.layers.0.mlp.experts"
 STOCK_ERROR = (
@@ -98,21 +95,7 @@ BUILD = """
 def build_draft(folder: str, plugin: bool, tmp_path) -> tuple[dict, dict]:
     """(report, state dict) of the draft sglang builds and loads from ``folder`` (F2/F4)."""
     state = str(tmp_path / f"state-{plugin}.pt")
-    code = BUILD.format(folder=folder, plugin=plugin, state=state)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
-    env["PYTHONPATH"] = SITE
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-        cwd=ROOT,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
-    tensors = torch.load(state) if os.path.exists(state) else {}
-    return report, tensors
+    return run_load_script(BUILD.format(folder=folder, plugin=plugin, state=state), state)
 
 
 @pytest.fixture(scope="module")

@@ -115,6 +115,12 @@ def load_model_in_subprocess(
         folder=folder, plugin=plugin, draft=draft, server_args=server_args, before=before,
         after=after, state=state,
     )  # fmt: skip
+    return run_load_script(code, state)
+
+
+def run_load_script(code: str, state: str) -> tuple[dict, dict]:
+    """Run ``code`` in a fresh Python (the CPU site set up, this checkout's package): (the JSON
+    report its last stdout line prints, the state dict it saved at ``state``, if any)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
     # the package of this checkout (what an editable install gives; a copy of the tests in
     # another checkout then loads that checkout's package)
