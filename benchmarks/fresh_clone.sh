@@ -14,12 +14,12 @@ echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //
 git clone -q "$repo" "$root/clone" && cd "$root/clone" || exit 1
 echo "clone: $(git log --oneline -1)"
 failed=0
-for target in demo test lint e2e-short upstream-test; do
+for target in demo test lint e2e-short e2e-vl upstream-test; do
   started=$(date +%s)
   make "$target" >"$root/$target.log" 2>&1
   status=$?
   # the line that says how it went: pytest's summary, the verdict, the accept lengths, ...
-  said=$(grep -E '^[0-9]+ (passed|failed)|^verdict|accept_length|^\[e2e\]|^Success' "$root/$target.log" | tail -n 1)
+  said=$(grep -E '^[0-9]+ (passed|failed)|^verdict|accept_length|^\[e2e\]|^Success|^e2e-vl' "$root/$target.log" | tail -n 1)
   echo "make $target: exit $status in $(( $(date +%s) - started )) s; ${said:-last line: $(tail -n 1 "$root/$target.log")}"
   [ "$target" = demo ] && grep '^set-up:' "$root/$target.log"
   [ "$status" = 0 ] || { failed=1; tail -n 30 "$root/$target.log"; }
