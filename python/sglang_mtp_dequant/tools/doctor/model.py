@@ -159,8 +159,8 @@ class Diagnosis:
                 return "the plugin loads this draft as correct float weights"
             return "the draft is float already; the plugin changes nothing"
         said = self.plugin_builds or (
-            f"sglang builds the draft with {self.built_quantized} and loads the layers it "
-            "quantizes itself"
+            f"sglang builds the draft quantized ({self.built_quantized}) and loads the layers "
+            "it quantizes itself"
         )
         if decoded:
             return (
