@@ -462,3 +462,16 @@ def test_no_function_of_verify_or_doctor_is_longer_than_sixty_lines():
                 if length > LONGEST_CLI_FUNCTION:
                     too_long.append(f"{relative}:{node.lineno} {node.name} ({length} lines)")
     assert not too_long, "split into named steps: " + ", ".join(too_long)
+
+
+#: the package's size budget (issue 48): non-blank lines of its ``.py`` files, what
+#: ``find python -name '*.py' -exec grep -cv '^\s*$' {} +`` sums
+PACKAGE_LINE_BUDGET = 9_400
+
+
+def test_the_package_stays_within_its_line_budget():
+    lines = 0
+    for path in package_files():
+        with open(path, encoding="utf-8") as handle:
+            lines += sum(1 for line in handle if line.strip())
+    assert lines <= PACKAGE_LINE_BUDGET, f"{lines} non-blank lines, over {PACKAGE_LINE_BUDGET}"
