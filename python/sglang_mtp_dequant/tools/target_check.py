@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..serving import sglang_private, target_layers
-from ..serving.float_layers import float_moe_quant_method
+from ..serving.float_layers import builds_as_the_plugin
 from ..serving.target_layers import UnservedLayer
 
 if TYPE_CHECKING:
@@ -184,7 +184,6 @@ def _build_on_meta(
     """sglang's own (unhooked) build of the target on the meta device, and each layer's build
     prefix. All-FLOAT MoE layers are built as the plugin has them (``float_layers``): stock
     stops there (sglang #34211), and the linear layers this check reads are the same."""
-    import functools
     import importlib
 
     import torch
@@ -196,8 +195,7 @@ def _build_on_meta(
     build = sglang_private.unwrapped(getattr(importlib.import_module(module), name))
     with set_default_torch_dtype(model_config.dtype), torch.device("meta"):
         with placeholder_vllm_rotary(), generic_rope_on_cpu():
-            asked = functools.partial(float_moe_quant_method, type(quant_config).get_quant_method)
-            quant_config.get_quant_method = functools.partial(asked, quant_config)
+            builds_as_the_plugin(quant_config)
             try:
                 with target_layers.recorded_prefixes() as prefixes:
                     return build(model_config, load_config, quant_config), prefixes
