@@ -4,6 +4,7 @@ Usage::
 
     w = independent_dequantize(tensors, "mtp.layers.0.mlp.up_proj.weight", "W8A8_DYNAMIC", "1.0.0")
     # fp32 (out, in), or None for a layout this module has no rule for
+    reference = reference_stream(weights, plan, companions, dtype, unverifiable)
 
 It shares no arithmetic with ``schemes/``: whatever the plugin computes is compared against
 whole-tensor fp32 formulas written from the formats' own descriptions (docs/layouts.md).
@@ -11,11 +12,16 @@ whole-tensor fp32 formulas written from the formats' own descriptions (docs/layo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from ...formats import naming
+from ...formats.checkpoint import is_code_dtype
+
+if TYPE_CHECKING:
+    from ...formats.plan import DequantPlan
 
 
 def _expand(values: torch.Tensor, rows: int, cols: int) -> torch.Tensor | None:
@@ -220,3 +226,30 @@ def _modelopt_nvfp4(tensors: Mapping[str, torch.Tensor], name: str) -> torch.Ten
     q = _e2m1(tensors[name])
     s = _expand(scale.float() * scale_2.float().reshape(()), *q.shape)
     return None if s is None else q * s
+
+
+def reference_stream(
+    weights: Iterable[tuple[str, torch.Tensor]],
+    plan: DequantPlan,
+    companions: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    unverifiable: set[str],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``weights`` as the plugin hands them to sglang (``plan``'s companions consumed), each
+    weight it decodes decoded here instead, independently, rounded once to ``dtype``; names of
+    weights with no rule here go to ``unverifiable``."""
+    decode = plan.to_dequantize
+    version = plan.checkpoint.format_version
+    for name, tensor in weights:
+        if name in plan.consumed:
+            continue
+        entry = decode.get(name)
+        if entry is not None and is_code_dtype(tensor.dtype):
+            tensors = {name: tensor, **companions}
+            expected = independent_dequantize(tensors, name, entry.scheme, version)
+            if expected is None:
+                unverifiable.add(name)
+            else:
+                tensor = expected.to(dtype)
+                name = entry.output_name
+        yield name, tensor

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+import torch
+
 from ..verdicts import ERROR, INACTIVE, OK, UNCHECKED, UNSUPPORTED, VERIFY_SCHEMA_VERSION
 
 #: checks that pass: bit for bit, or (formats decoded by a library whose rounding differs from
@@ -29,6 +31,12 @@ class ParamRow:
     reference_absmax: float | None = None
     stock_reference_error: float | None = None
     plugin_reference_error: float | None = None
+
+    def compare(self, got: torch.Tensor, want: torch.Tensor) -> None:
+        """``max_error`` and ``check`` of ``got`` (the plugin's load) against ``want`` (the
+        reference load's)."""
+        self.max_error = float((got.float() - want.float()).abs().nan_to_num(float("inf")).max())
+        self.check = "exact" if torch.equal(got, want) else "mismatch"
 
 
 @dataclass

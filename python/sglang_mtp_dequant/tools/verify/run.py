@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from ...formats.checkpoint import Checkpoint, WeightSource, dtype_name, is_code_dtype
+from ...formats.checkpoint import Checkpoint, WeightSource, dtype_name
 from ...formats.library import MODELOPT_NVFP4
 from ...formats.plan import DequantPlan
 from ...serving import context
@@ -30,7 +30,7 @@ from ...serving.plugin import bypassed
 from ..preflight import check_model_path, check_reference, reference_names
 from ..resolve import resolve_checkpoint
 from ..target_check import report_into
-from .independent import independent_dequantize
+from .independent import reference_stream
 from .report import ParamRow, VerifyReport
 from .target import target_rows
 
@@ -223,7 +223,7 @@ def _compare_loads(
     report.stock_error = stock.error
     say("reference load (independent dequantization, stock load_weights)")
     unverifiable: set[str] = set()
-    independent = _reference_stream(weights(), plan, companions, dtype, unverifiable)
+    independent = reference_stream(weights(), plan, companions, dtype, unverifiable)
     expected = _load(model, spec, independent, hooked=False)
     if expected.error:
         report.problems.append(f"the reference load failed: {expected.error}")
@@ -293,31 +293,6 @@ def _load(model: torch.nn.Module, spec: DraftSpec, weights: Weights, *, hooked: 
     return Loaded(values, writes, error)
 
 
-def _reference_stream(
-    weights: Weights,
-    plan: DequantPlan,
-    companions: dict[str, torch.Tensor],
-    dtype: torch.dtype,
-    unverifiable: set[str],
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint as the plugin hands it to sglang, decoded by ``independent.py``."""
-    decode = plan.to_dequantize
-    version = plan.checkpoint.format_version
-    for name, tensor in weights:
-        if name in plan.consumed:
-            continue
-        entry = decode.get(name)
-        if entry is not None and is_code_dtype(tensor.dtype):
-            tensors = {name: tensor, **companions}
-            expected = independent_dequantize(tensors, name, entry.scheme, version)
-            if expected is None:
-                unverifiable.add(name)
-            else:
-                tensor = expected.to(dtype)
-                name = entry.output_name
-        yield name, tensor
-
-
 def _float_stream(
     weights: Weights, plan: DequantPlan, reference: str, dtype: torch.dtype
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -362,8 +337,7 @@ def _row(
         row.why = "the reference load did not write it"
     else:
         want = expected.values[name]
-        row.max_error = float((param.float() - want.float()).abs().nan_to_num(float("inf")).max())
-        row.check = "exact" if torch.equal(param, want) else "mismatch"
+        row.compare(param, want)
         rounding = {plan.to_dequantize[s].format for s in sources if s in plan.to_dequantize}
         if row.check == "mismatch" and rounding & ONE_ULP_FORMATS and _ulps(param, want) <= 1:
             row.check = "ulp"

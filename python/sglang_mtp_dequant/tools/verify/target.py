@@ -11,14 +11,14 @@ stock and with the plugin, against the independent decode; only those layers are
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from ...formats import naming
-from ...formats.checkpoint import Checkpoint, WeightSource, is_code_dtype
+from ...formats.checkpoint import Checkpoint, WeightSource
+from ...formats.plan import DequantPlan
 from ...serving.target_stream import decode_as_streamed
-from .independent import independent_dequantize
+from .independent import reference_stream
 from .report import ParamRow, VerifyReport
 
 if TYPE_CHECKING:
@@ -51,11 +51,9 @@ def target_rows(report: VerifyReport, check: TargetCheck, source: WeightSource) 
 
     stock = load(stream)
     dtype = next(iter(stock.values())).dtype
-    schemes = {f"{s.name}.weight": s.scheme for layer in check.decoded for s in layer.shards}
+    plan = DequantPlan.build(ckpt)  # the plan the plugin's decode builds for these shards
     unverifiable: set[str] = set()
-    reference = load(
-        _independent(stream, tensors, schemes, ckpt.format_version, dtype, unverifiable)
-    )
+    reference = load(reference_stream(stream, plan, tensors, dtype, unverifiable))
     decode_as_streamed(model, check.decoded, model_config, None)
     try:
         plugin = load(stream)
@@ -77,27 +75,5 @@ def target_rows(report: VerifyReport, check: TargetCheck, source: WeightSource) 
         if blocked:
             row.why = f"no independent rule for {blocked[0]}"
         else:
-            row.max_error = float((got.float() - want.float()).abs().nan_to_num(float("inf")).max())
-            row.check = "exact" if torch.equal(got, want) else "mismatch"
+            row.compare(got, want)
         report.rows.append(row)
-
-
-def _independent(
-    stream: list[tuple[str, torch.Tensor]],
-    tensors: dict[str, torch.Tensor],
-    schemes: dict[str, str | None],
-    version: str | None,
-    dtype: torch.dtype,
-    unverifiable: set[str],
-) -> Iterable[tuple[str, Any]]:
-    """``stream`` with each code weight replaced by its independent decode, companions out."""
-    for name, tensor in stream:
-        if naming.is_companion(name, tensors):
-            continue
-        if name in schemes and is_code_dtype(tensor.dtype):
-            decoded = independent_dequantize(tensors, name, schemes[name], version)
-            if decoded is None:
-                unverifiable.add(name)
-            else:
-                tensor = decoded.to(dtype)
-        yield name, tensor
